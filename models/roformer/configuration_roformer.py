@@ -1,0 +1,250 @@
+"""RoFormer configuration.
+
+Field names and meanings follow transformers' `RoFormerConfig`, so a `config.json` written for transformers' RoFormer
+(or published with the junnyu/roformer_* checkpoints) loads as it is. On top of them:
+
+* rotary position options: `rope_theta`, `rotary_dim` / `partial_rotary_factor`, `rope_layout`, `rope_scaling`;
+* RoFormer-v2 options: `norm_type`, `use_bias`;
+* `attention_kernel`: softmax attention or the RoFormer paper's linear attention.
+
+`model_type` is "posformers-roformer", not "roformer": transformers already registers "roformer", and a folder saved
+with that name would silently load as transformers' class.
+"""
+
+from transformers import PreTrainedConfig
+
+# Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
+# `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
+# `import posformers` registers the same classes with the Auto factories.
+AUTO_MAP = {
+    "AutoConfig": "configuration_roformer.RoFormerConfig",
+    "AutoModel": "modeling_roformer.RoFormerModel",
+    "AutoModelForMaskedLM": "modeling_roformer.RoFormerForMaskedLM",
+    "AutoModelForCausalLM": "modeling_roformer.RoFormerForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_roformer.RoFormerForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_roformer.RoFormerForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_roformer.RoFormerForQuestionAnswering",
+    "AutoModelForMultipleChoice": "modeling_roformer.RoFormerForMultipleChoice",
+}
+
+ROPE_LAYOUTS = ("interleaved", "half")
+NORM_TYPES = ("layer_norm", "rms_norm")
+ATTENTION_KERNELS = ("softmax", "linear")
+SUMMARY_TYPES = ("last", "first", "mean")
+# Keys each rope_scaling type accepts, as in transformers' rope utilities (required, optional).
+ROPE_SCALING_KEYS = {
+    "linear": ({"factor"}, set()),
+    "dynamic": ({"factor"}, set()),
+    "yarn": (
+        {"factor"},
+        {"original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+         "truncate"},
+    ),
+}
+
+# Sizes of the published RoFormer checkpoints (ZhuiyiTechnology/roformer, roformer-v2).
+PRESETS = {
+    "roformer-chinese-small": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536),
+    "roformer-chinese-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "roformer-v2-chinese-char-small": dict(
+        vocab_size=12000, hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536,
+        max_position_embeddings=512, norm_type="rms_norm", use_bias=False, hidden_act="relu",
+    ),
+    "roformer-v2-chinese-char-base": dict(
+        vocab_size=12000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+        max_position_embeddings=512, norm_type="rms_norm", use_bias=False, hidden_act="relu",
+    ),
+    "roformer-v2-chinese-char-large": dict(
+        vocab_size=12000, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+        max_position_embeddings=512, norm_type="rms_norm", use_bias=False, hidden_act="relu",
+    ),
+}
+
+
+class RoFormerConfig(PreTrainedConfig):
+    r"""
+    Configuration of a posformers RoFormer model. Defaults give junnyu/roformer_chinese_base.
+
+    Args (beyond transformers' RoFormerConfig, whose fields keep their meaning):
+        rope_theta (`float`, defaults to 10000.0): base of the rotary frequencies, `theta_i = rope_theta^(-2i/d)`.
+        rotary_dim (`int`, *optional*): number of leading dimensions of each head that are rotated (even, at most the
+            head dimension). Defaults to the whole head.
+        partial_rotary_factor (`float`, *optional*): the same as a fraction of the head dimension; give one or the
+            other (or both, agreeing).
+        rope_layout (`str`, defaults to `"interleaved"`): `"interleaved"` rotates pairs `(2i, 2i+1)` (RoFormer, GPT-J
+            and every official RoFormer checkpoint); `"half"` rotates `(i, i + d/2)` (GPT-NeoX, LLaMA).
+            `modeling_roformer.convert_rope_layout` turns a model of one layout into the other with identical outputs.
+        rope_scaling (`dict`, *optional*): for inputs longer than training, `{"rope_type": "linear" | "dynamic" |
+            "yarn", "factor": float, ...}` with the keys and formulas of transformers' rope utilities.
+        norm_type (`str`, defaults to `"layer_norm"`): `"rms_norm"` is RoFormer-v2's parameter-free RMS norm.
+        use_bias (`bool`, defaults to `True`): `False` removes every bias (RoFormer-v2).
+        attention_kernel (`str`, defaults to `"softmax"`): `"linear"` is the RoFormer paper's linear attention
+            (eq. 19): elu+1 feature map, rotation applied in the numerator only.
+        summary_type (`str`, defaults to `"last"`): the token `RoFormerForMultipleChoice` classifies: `"last"` (what
+            transformers' RoFormer does, kept for checkpoint compatibility), `"first"` or `"mean"` (over real tokens).
+    """
+
+    model_type = "posformers-roformer"
+
+    vocab_size: int = 50000
+    embedding_size: int | None = None
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 1536
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    rotary_value: bool = False
+    use_cache: bool = True
+    is_decoder: bool = False
+    add_cross_attention: bool = False
+    tie_word_embeddings: bool = True
+    rope_theta: float = 10000.0
+    rotary_dim: int | None = None
+    partial_rotary_factor: float | None = None
+    rope_layout: str = "interleaved"
+    rope_scaling: dict | None = None
+    norm_type: str = "layer_norm"
+    use_bias: bool = True
+    attention_kernel: str = "softmax"
+    summary_type: str = "last"
+
+    def __post_init__(self, **kwargs):
+        kwargs.pop("model_type", None)  # a transformers "roformer" config.json becomes ours, see get_config_dict
+        if self.embedding_size is None:
+            self.embedding_size = self.hidden_size
+        super().__post_init__(**kwargs)
+        self._validate()
+        self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
+
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        # HF-format RoFormer checkpoints (transformers' RoFormer, junnyu/roformer_*) say model_type "roformer"; they
+        # are meant to load here unchanged, so they are read as ours rather than warned about.
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") == "roformer":
+            config_dict["model_type"] = cls.model_type
+        return config_dict, kwargs
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "RoFormerConfig":
+        """A config for one of the published sizes (`PRESETS`), with optional overrides."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown RoFormer preset {name!r}; choose one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def _validate(self):
+        def positive(name):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"RoFormerConfig.{name} must be a positive integer, got {value!r}")
+
+        for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings"):
+            positive(name)
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"RoFormerConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        if self.type_vocab_size < 0:
+            raise ValueError(f"RoFormerConfig.type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"RoFormerConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"RoFormerConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})"
+            )
+        if self.rope_theta <= 0:
+            raise ValueError(f"RoFormerConfig.rope_theta must be positive, got {self.rope_theta}")
+        self._resolve_rotary_dim()
+        for name, allowed in (("rope_layout", ROPE_LAYOUTS), ("norm_type", NORM_TYPES),
+                              ("attention_kernel", ATTENTION_KERNELS), ("summary_type", SUMMARY_TYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"RoFormerConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.add_cross_attention:
+            raise ValueError(
+                "RoFormerConfig.add_cross_attention=True is not supported: posformers' RoFormer is an encoder "
+                "(or a decoder-only causal LM), without cross-attention layers"
+            )
+        self.rope_scaling = self._validated_rope_scaling(self.rope_scaling)
+
+    def _resolve_rotary_dim(self):
+        head_dim = self.head_dim
+        from_factor = None
+        if self.partial_rotary_factor is not None:
+            if not 0.0 < self.partial_rotary_factor <= 1.0:
+                raise ValueError(
+                    f"RoFormerConfig.partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor}"
+                )
+            from_factor = int(head_dim * self.partial_rotary_factor)
+        if self.rotary_dim is not None and from_factor is not None and self.rotary_dim != from_factor:
+            raise ValueError(
+                f"RoFormerConfig.rotary_dim ({self.rotary_dim}) disagrees with partial_rotary_factor "
+                f"({self.partial_rotary_factor} x head_dim {head_dim} = {from_factor}); give only one of them"
+            )
+        rotary_dim = self.rotary_dim if self.rotary_dim is not None else from_factor
+        if rotary_dim is None:
+            rotary_dim = head_dim
+        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim <= 0:
+            raise ValueError(f"RoFormerConfig.rotary_dim must be a positive integer, got {rotary_dim!r}")
+        if rotary_dim % 2 or rotary_dim > head_dim:
+            raise ValueError(
+                f"RoFormerConfig.rotary_dim must be even and at most the head dimension ({head_dim}), got {rotary_dim}"
+            )
+        self.rotary_dim = rotary_dim
+        self.partial_rotary_factor = rotary_dim / head_dim
+
+    def _validated_rope_scaling(self, scaling):
+        if scaling is None:
+            return None
+        if not isinstance(scaling, dict):
+            raise ValueError(f"RoFormerConfig.rope_scaling must be a dict or None, got {type(scaling).__name__}")
+        scaling = dict(scaling)
+        if "type" in scaling and "rope_type" not in scaling:  # legacy key, as in older transformers configs
+            scaling["rope_type"] = scaling.pop("type")
+        rope_type = scaling.get("rope_type")
+        if rope_type in (None, "default"):
+            return None
+        if rope_type not in ROPE_SCALING_KEYS:
+            raise ValueError(
+                f"RoFormerConfig.rope_scaling['rope_type'] must be one of {sorted(ROPE_SCALING_KEYS)}, got {rope_type!r}"
+            )
+        required, optional = ROPE_SCALING_KEYS[rope_type]
+        given = set(scaling) - {"rope_type"}
+        if missing := required - given:
+            raise ValueError(f"RoFormerConfig.rope_scaling of type {rope_type!r} needs the key(s) {sorted(missing)}")
+        if unknown := given - required - optional:
+            raise ValueError(
+                f"RoFormerConfig.rope_scaling of type {rope_type!r} does not take the key(s) {sorted(unknown)}; "
+                f"allowed: {sorted(required | optional)}"
+            )
+        factor = scaling["factor"]
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1.0:
+            raise ValueError(f"RoFormerConfig.rope_scaling['factor'] must be a number >= 1, got {factor!r}")
+        if rope_type == "yarn":
+            original = scaling.setdefault("original_max_position_embeddings", self.max_position_embeddings)
+            if not isinstance(original, int) or original <= 0:
+                raise ValueError(
+                    "RoFormerConfig.rope_scaling['original_max_position_embeddings'] must be a positive integer, "
+                    f"got {original!r}"
+                )
+            if (scaling.get("beta_fast") or 32) < (scaling.get("beta_slow") or 1):
+                raise ValueError("RoFormerConfig.rope_scaling['beta_fast'] must be >= beta_slow")
+        return scaling
+
+
+__all__ = ["AUTO_MAP", "PRESETS", "RoFormerConfig"]

@@ -1,0 +1,1091 @@
+"""PyTorch RoFormer (Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding").
+
+Reads top to bottom in the order data flows: rotary math, embeddings, attention, layer, encoder, pre-trained base,
+base model, heads. Parameter names are those of transformers' RoFormer, so HF-format checkpoints load unchanged.
+
+This file imports only torch, transformers and its sibling `configuration_roformer.py`: `save_pretrained` copies both
+to the Hub for `trust_remote_code` users.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    CausalLMOutputWithCrossAttentions,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
+from transformers.utils.import_utils import is_torchdynamo_compiling
+
+from .configuration_roformer import RoFormerConfig
+
+logger = logging.get_logger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rotary position embedding: small pure functions
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def rope_inverse_frequencies(config: RoFormerConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies `theta_i` (float64, shape `(rotary_dim // 2,)`) and the factor cos/sin are scaled by.
+
+    `rope_scaling` follows transformers' rope utilities: "linear" divides the frequencies by `factor` (position
+    interpolation); "dynamic" raises the base once `seq_len` exceeds `max_position_embeddings` (dynamic NTK);
+    "yarn" blends interpolated and extrapolated frequencies along a ramp and scales cos/sin by `attention_factor`.
+    """
+    dim = config.rotary_dim
+    base = float(config.rope_theta)
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type")
+    factor = float(scaling.get("factor", 1.0))
+    if rope_type == "dynamic":
+        seq_len = max(seq_len or 0, config.max_position_embeddings)
+        base = base * ((factor * seq_len / config.max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
+    inv_freq = base**-exponents
+    if rope_type == "linear":
+        return inv_freq / factor, 1.0
+    if rope_type == "yarn":
+        return _yarn_inverse_frequencies(inv_freq, scaling, dim, base)
+    return inv_freq, 1.0
+
+
+def _yarn_inverse_frequencies(inv_freq, scaling, dim, base) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023): interpolate low frequencies, keep high ones, ramp in between (transformers' formula)."""
+    factor = float(scaling["factor"])
+    original_max = scaling["original_max_position_embeddings"]
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+            attention_factor = mscale(factor, scaling["mscale"]) / mscale(factor, scaling["mscale_all_dim"])
+        else:
+            attention_factor = mscale(factor)
+
+    def correction_dim(num_rotations):
+        return (dim * math.log(original_max / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(scaling.get("beta_fast") or 32), correction_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation_weight = 1 - ramp
+    blended = (inv_freq / factor) * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
+    return blended, float(attention_factor)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0):
+    """cos and sin of `positions * inv_freq`, computed in float64 (float32 angles lose ~1e-4 at position 1000).
+
+    positions: (..., L) integer or float; inv_freq: (r/2,) -> two tensors of shape (..., L, r/2), float32.
+    """
+    angles = positions.to(torch.float64)[..., None] * inv_freq.to(device=positions.device, dtype=torch.float64)
+    return (angles.cos() * scale).float(), (angles.sin() * scale).float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """Rotate the first `r = 2 * cos.shape[-1]` features of each head of `x`; the rest pass through.
+
+    x: (B, H, L, D); cos, sin: (B or 1, 1, L, r/2). "interleaved" pairs features (2i, 2i+1), as RoFormer and GPT-J do;
+    "half" pairs (i, i + r/2), as GPT-NeoX and LLaMA do.
+    """
+    half = cos.shape[-1]
+    rot, passthrough = x[..., : 2 * half], x[..., 2 * half :]
+    if layout == "interleaved":
+        pairs = rot.unflatten(-1, (half, 2))  # (B, H, L, r/2, 2)
+        even, odd = pairs[..., 0], pairs[..., 1]
+        rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+    else:
+        first, second = rot[..., :half], rot[..., half:]
+        rotated = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+    if passthrough.shape[-1] == 0:
+        return rotated
+    return torch.cat((rotated, passthrough), dim=-1)
+
+
+def rope_layout_permutation(head_dim: int, rotary_dim: int, source: str, target: str) -> torch.Tensor:
+    """Index `p` with `x_target = x_source[..., p]` for one head: moves rotation pairs between layouts.
+
+    interleaved -> half puts the even features of the rotary part first, then the odd ones; half -> interleaved is
+    the inverse. Features past `rotary_dim` are left in place.
+    """
+    if source == target:
+        return torch.arange(head_dim)
+    to_half = torch.cat((torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)))
+    perm = to_half if target == "half" else torch.argsort(to_half)
+    return torch.cat((perm, torch.arange(rotary_dim, head_dim)))
+
+
+def convert_rope_layout(model: "RoFormerPreTrainedModel", target_layout: str) -> "RoFormerPreTrainedModel":
+    """Convert a RoFormer model in place between the "interleaved" and "half" rotary layouts; outputs are unchanged.
+
+    Rotation acts on feature pairs; the layouts only differ in which features form a pair. Permuting the output rows
+    of the query and key projections (per head) moves every pair to its place in the other layout, and q.k is the
+    same sum in another order. With `rotary_value=True` the value rows are permuted too, and the input columns of the
+    attention output projection with them, so the context vectors are read back in their original order.
+    """
+    config = model.config
+    if target_layout not in ("interleaved", "half"):
+        raise ValueError(f"target_layout must be 'interleaved' or 'half', got {target_layout!r}")
+    perm_one_head = rope_layout_permutation(config.head_dim, config.rotary_dim, config.rope_layout, target_layout)
+    heads = torch.arange(config.num_attention_heads)[:, None] * config.head_dim
+    perm = (heads + perm_one_head[None, :]).flatten()
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, RoFormerSelfAttention):
+                continue
+            projections = [module.query, module.key] + ([module.value] if config.rotary_value else [])
+            for linear in projections:
+                linear.weight.copy_(linear.weight[perm])
+                if linear.bias is not None:
+                    linear.bias.copy_(linear.bias[perm])
+        if config.rotary_value:
+            for module in model.modules():
+                if isinstance(module, RoFormerAttention):
+                    module.output.dense.weight.copy_(module.output.dense.weight[:, perm])
+    config.rope_layout = target_layout
+    for module in model.modules():
+        if isinstance(module, RoFormerSelfAttention):
+            module.rope_layout = target_layout
+    return model
+
+
+class RoFormerRotaryEmbedding(nn.Module):
+    """cos/sin tables for the rotary embedding.
+
+    Positions up to `max_position_embeddings` come from a cached, non-persistent table (rebuilt in `_init_weights`,
+    so a model created on the meta device by `from_pretrained` gets correct values); longer inputs and dynamic NTK
+    scaling compute theirs on the fly.
+    """
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.config = config
+        self.dynamic = (config.rope_scaling or {}).get("rope_type") == "dynamic"
+        shape = (config.max_position_embeddings, config.rotary_dim // 2)
+        self.register_buffer("cos_cached", torch.empty(shape), persistent=False)
+        self.register_buffer("sin_cached", torch.empty(shape), persistent=False)
+
+    def compute_tables(self, positions: torch.Tensor, seq_len: int | None = None):
+        inv_freq, scale = rope_inverse_frequencies(self.config, seq_len)
+        return rope_cos_sin(positions, inv_freq, scale)
+
+    def reset_tables(self):
+        positions = torch.arange(self.config.max_position_embeddings, device=self.cos_cached.device)
+        cos, sin = self.compute_tables(positions)
+        init.copy_(self.cos_cached, cos)
+        init.copy_(self.sin_cached, sin)
+
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor, total_length: int, dtype: torch.dtype):
+        """position_ids: (B or 1, L) -> cos, sin of shape (B or 1, 1, L, rotary_dim / 2) in `dtype`."""
+        max_cached = self.config.max_position_embeddings
+        if total_length > max_cached and not self.dynamic and not self.config.rope_scaling:
+            logger.warning_once(
+                f"Input of {total_length} positions is longer than max_position_embeddings={max_cached} and no "
+                "rope_scaling is configured: rotary positions extrapolate beyond what the model was trained on."
+            )
+        if total_length > max_cached or self.cos_cached.device.type == "meta":
+            cos, sin = self.compute_tables(position_ids, seq_len=total_length)
+        else:
+            cos, sin = self.cos_cached[position_ids], self.sin_cached[position_ids]
+        return cos[:, None].to(dtype), sin[:, None].to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Embeddings
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RoFormerRMSNorm(nn.Module):
+    """RoFormer-v2's norm: x / sqrt(mean(x^2) + eps), with no learnable gain or bias."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        variance = hidden_states.float().pow(2).mean(-1, keepdim=True)
+        return (hidden_states.float() * torch.rsqrt(variance + self.eps)).to(hidden_states.dtype)
+
+
+def make_norm(config: RoFormerConfig, size: int) -> nn.Module:
+    if config.norm_type == "rms_norm":
+        return RoFormerRMSNorm(config.layer_norm_eps)
+    return nn.LayerNorm(size, eps=config.layer_norm_eps, bias=config.use_bias)
+
+
+class RoFormerEmbeddings(nn.Module):
+    """Word and token-type embeddings; positions enter through rotation inside attention, not here."""
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
+        if config.type_vocab_size > 0:
+            self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.embedding_size)
+        self.LayerNorm = make_norm(config, config.embedding_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        embeddings = inputs_embeds
+        if hasattr(self, "token_type_embeddings"):
+            if token_type_ids is None:
+                embeddings = embeddings + self.token_type_embeddings.weight[0]
+            else:
+                embeddings = embeddings + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+):
+    """Plain softmax attention. query: (B, H, Lq, D), key/value: (B, H, Lk, D) -> ((B, Lq, H, D), (B, H, Lq, Lk)).
+
+    Accepts the masks built for "eager" (additive float) and for "sdpa" (boolean, or None for a causal module), so
+    `output_attentions=True` can fall back to it whatever the configured backend is.
+    """
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    min_value = torch.finfo(scores.dtype).min
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, min_value)
+    elif attention_mask is not None:
+        scores = scores + attention_mask
+    elif getattr(module, "is_causal", False) and query.shape[2] > 1:
+        q_len, k_len = query.shape[2], key.shape[2]
+        future = torch.ones(q_len, k_len, dtype=torch.bool, device=scores.device).triu(k_len - q_len + 1)
+        scores = scores.masked_fill(future, min_value)
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    return output, weights
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """phi(x) = elu(x) + 1 > 0, the feature map of the RoFormer paper's linear attention (Katharopoulos et al.)."""
+    return F.elu(x) + 1.0
+
+
+def linear_attention(
+    query_features, key_features, rotated_query, rotated_key, value, key_padding_mask, causal, need_weights
+):
+    """RoFormer eq. (19): sum_n (R_m phi(q_m))^T (R_n phi(k_n)) v_n / sum_n phi(q_m)^T phi(k_n).
+
+    The rotation enters the numerator only; the denominator uses the unrotated (positive) features, so it stays > 0.
+    *_features / rotated_*: (B, H, L, D); value: (B, H, Lk, D); key_padding_mask: (B, Lk) bool or None (True = real).
+    Without a causal mask the cost is linear in length (keys summarised into a D x D state); a causal or
+    weight-returning call uses the equivalent quadratic form. Returns ((B, Lq, H, D), weights or None).
+    """
+    if key_padding_mask is not None:
+        keep = key_padding_mask[:, None, :, None].to(key_features.dtype)
+        key_features, rotated_key, value = key_features * keep, rotated_key * keep, value * keep
+    if not causal and not need_weights:
+        kv_state = torch.einsum("bhld,bhle->bhde", rotated_key, value)  # (B, H, D, D)
+        numerator = torch.matmul(rotated_query, kv_state)
+        denominator = torch.matmul(query_features, key_features.sum(dim=2, keepdim=True).transpose(2, 3))
+        output = numerator / denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
+        return output.transpose(1, 2).contiguous(), None
+    numerator_scores = torch.matmul(rotated_query, rotated_key.transpose(2, 3))
+    denominator_scores = torch.matmul(query_features, key_features.transpose(2, 3))
+    if causal:
+        q_len, k_len = query_features.shape[2], key_features.shape[2]
+        visible = torch.ones(q_len, k_len, dtype=torch.bool, device=query_features.device).tril(k_len - q_len)
+        numerator_scores = numerator_scores * visible
+        denominator_scores = denominator_scores * visible
+    denominator = denominator_scores.sum(-1, keepdim=True).clamp_min(torch.finfo(denominator_scores.dtype).tiny)
+    weights = numerator_scores / denominator
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    return output, (weights if need_weights else None)
+
+
+class RoFormerSelfAttention(nn.Module):
+    def __init__(self, config: RoFormerConfig, layer_idx: int | None = None):
+        super().__init__()
+        self.config = config
+        self.num_attention_heads = config.num_attention_heads
+        self.attention_head_size = config.head_dim
+        self.scaling = self.attention_head_size**-0.5
+        self.query = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        # The sdpa integration reads `is_causal` from the module and treats a missing attribute as causal.
+        self.is_causal = config.is_decoder
+        self.rotary_value = config.rotary_value
+        self.rope_layout = config.rope_layout
+        self.linear_kernel = config.attention_kernel == "linear"
+        self.layer_idx = layer_idx
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        key_padding_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+        **kwargs,
+    ):
+        batch_size, seq_len, _ = hidden_states.shape
+        head_shape = (batch_size, seq_len, self.num_attention_heads, self.attention_head_size)
+        query = self.query(hidden_states).view(head_shape).transpose(1, 2)  # (B, H, L, D)
+        key = self.key(hidden_states).view(head_shape).transpose(1, 2)
+        value = self.value(hidden_states).view(head_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+
+        if self.linear_kernel:
+            return self._linear_forward(query, key, value, cos, sin, key_padding_mask, past_key_values,
+                                        output_attentions)
+
+        query = apply_rotary(query, cos, sin, self.rope_layout)
+        key = apply_rotary(key, cos, sin, self.rope_layout)
+        if self.rotary_value:
+            value = apply_rotary(value, cos, sin, self.rope_layout)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+
+        implementation = self.config._attn_implementation
+        if output_attentions and implementation != "eager":
+            if implementation not in ("sdpa", None):
+                raise ValueError(
+                    f"output_attentions=True needs attn_implementation 'eager' or 'sdpa', not {implementation!r}"
+                )
+            implementation = "eager"  # the masks built for sdpa are understood by eager_attention_forward
+        attention_interface: Callable = eager_attention_forward
+        if implementation not in (None, "eager"):
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        context, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.dropout.p if self.training else 0.0,
+            is_causal=self.is_causal,
+            **kwargs,
+        )
+        return context.reshape(batch_size, seq_len, -1), weights
+
+    def _linear_forward(self, query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions):
+        batch_size, _, seq_len, head_dim = query.shape
+        query_features, key_features = elu_feature_map(query), elu_feature_map(key)
+        rotated_query = apply_rotary(query_features, cos, sin, self.rope_layout)
+        rotated_key = apply_rotary(key_features, cos, sin, self.rope_layout)
+        if self.rotary_value:
+            value = apply_rotary(value, cos, sin, self.rope_layout)
+        if past_key_values is not None:
+            # The cache keeps rotated and plain key features side by side: the numerator needs one, the denominator
+            # the other.
+            both, value = past_key_values.update(torch.cat((rotated_key, key_features), -1), value, self.layer_idx)
+            rotated_key, key_features = both.split(head_dim, dim=-1)
+        context, weights = linear_attention(
+            query_features, key_features, rotated_query, rotated_key, value, key_padding_mask,
+            causal=self.is_causal and seq_len > 1, need_weights=output_attentions,
+        )
+        return context.reshape(batch_size, seq_len, -1), weights
+
+
+class RoFormerSelfOutput(nn.Module):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+        self.LayerNorm = make_norm(config, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
+
+
+class RoFormerAttention(nn.Module):
+    def __init__(self, config: RoFormerConfig, layer_idx: int | None = None):
+        super().__init__()
+        self.self = RoFormerSelfAttention(config, layer_idx=layer_idx)
+        self.output = RoFormerSelfOutput(config)
+
+    def forward(self, hidden_states, attention_mask, position_embeddings, **kwargs):
+        context, weights = self.self(hidden_states, attention_mask, position_embeddings, **kwargs)
+        return self.output(context, hidden_states), weights
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Layer and encoder
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RoFormerIntermediate(nn.Module):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.use_bias)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.intermediate_act_fn(self.dense(hidden_states))
+
+
+class RoFormerOutput(nn.Module):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
+        self.LayerNorm = make_norm(config, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
+
+
+class RoFormerLayer(GradientCheckpointingLayer):
+    def __init__(self, config: RoFormerConfig, layer_idx: int | None = None):
+        super().__init__()
+        self.attention = RoFormerAttention(config, layer_idx=layer_idx)
+        self.intermediate = RoFormerIntermediate(config)
+        self.output = RoFormerOutput(config)
+
+    def forward(self, hidden_states, attention_mask, position_embeddings, **kwargs):
+        attention_output, weights = self.attention(hidden_states, attention_mask, position_embeddings, **kwargs)
+        layer_output = self.output(self.intermediate(attention_output), attention_output)
+        return layer_output, weights
+
+
+class RoFormerEncoder(nn.Module):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.config = config
+        self.layer = nn.ModuleList([RoFormerLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)])
+
+    def forward(
+        self,
+        hidden_states,
+        attention_mask,
+        position_embeddings,
+        output_attentions=False,
+        output_hidden_states=False,
+        **kwargs,
+    ):
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer_module in self.layer:
+            hidden_states, weights = layer_module(
+                hidden_states, attention_mask, position_embeddings, output_attentions=output_attentions, **kwargs
+            )
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_attentions:
+                all_attentions += (weights,)
+        return hidden_states, all_hidden_states, all_attentions
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pre-trained base and base model
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RoFormerPreTrainedModel(PreTrainedModel):
+    config_class = RoFormerConfig
+    config: RoFormerConfig
+    base_model_prefix = "roformer"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["RoFormerLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    # transformers' RoFormer saves its frozen sinusoidal table; ours is computed, so the saved one is ignored.
+    _keys_to_ignore_on_load_unexpected = [r"embed_positions\.weight"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, RoFormerRotaryEmbedding):
+            module.reset_tables()
+        elif isinstance(module, RoFormerLMPredictionHead) and hasattr(module, "bias"):
+            init.zeros_(module.bias)
+
+
+def _check_inputs(config: RoFormerConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids,
+                  past_length: int):
+    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("Pass exactly one of input_ids or inputs_embeds (got both)" if input_ids is not None
+                         else "Pass exactly one of input_ids or inputs_embeds (got neither)")
+    if input_ids is not None:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
+        shape = tuple(input_ids.shape)
+    else:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.embedding_size:
+            raise ValueError(
+                f"inputs_embeds must have shape (batch, seq_len, embedding_size={config.embedding_size}), "
+                f"got {tuple(inputs_embeds.shape)}"
+            )
+        shape = tuple(inputs_embeds.shape[:2])
+    if shape[1] == 0:
+        raise ValueError("The input sequence is empty (seq_len = 0)")
+    if attention_mask is not None and attention_mask.dim() == 2:
+        expected = (shape[0], past_length + shape[1])
+        if tuple(attention_mask.shape) != expected:
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the input needs {expected} "
+                f"(batch, cached + new tokens)"
+            )
+    elif attention_mask is not None and attention_mask.dim() != 4:
+        raise ValueError(
+            f"attention_mask must be 2D (batch, seq_len) or 4D (batch, 1, q_len, kv_len), got "
+            f"{tuple(attention_mask.shape)}"
+        )
+    for name, tensor in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+        if tensor is not None and (tensor.dim() != 2 or tensor.shape[1] != shape[1] or tensor.shape[0] not in
+                                   (1, shape[0])):
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the input has shape {shape}")
+    if is_torchdynamo_compiling():
+        return
+    for name, tensor, size in (("input_ids", input_ids, config.vocab_size),
+                               ("token_type_ids", token_type_ids, config.type_vocab_size)):
+        if tensor is not None and tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= size):
+            raise ValueError(
+                f"{name} must lie in [0, {size}) for this config, got values in "
+                f"[{int(tensor.min())}, {int(tensor.max())}]"
+            )
+
+
+class RoFormerModel(RoFormerPreTrainedModel):
+    """The bare RoFormer encoder (or decoder-only stack when `config.is_decoder`), outputting hidden states."""
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__(config)
+        self.embeddings = RoFormerEmbeddings(config)
+        if config.embedding_size != config.hidden_size:
+            self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size, bias=config.use_bias)
+        self.rotary_emb = RoFormerRotaryEmbedding(config)
+        self.encoder = RoFormerEncoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        use_cache = config.is_decoder and (use_cache if use_cache is not None else config.use_cache)
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=config)
+        if not use_cache and not config.is_decoder:
+            past_key_values = None
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        _check_inputs(config, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, past_length)
+
+        hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
+        if hasattr(self, "embeddings_project"):
+            hidden_states = self.embeddings_project(hidden_states)
+        batch_size, seq_len = hidden_states.shape[:2]
+        if position_ids is None:
+            position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
+        position_embeddings = self.rotary_emb(position_ids, past_length + seq_len, hidden_states.dtype)
+
+        key_padding_mask = None
+        if attention_mask is not None and attention_mask.dim() == 2:
+            key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
+        if config.is_decoder:
+            mask = create_causal_mask(
+                config=config,
+                inputs_embeds=hidden_states,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+            )
+        else:
+            mask = create_bidirectional_mask(config=config, inputs_embeds=hidden_states, attention_mask=attention_mask)
+
+        sequence_output, all_hidden_states, all_attentions = self.encoder(
+            hidden_states,
+            mask,
+            position_embeddings,
+            key_padding_mask=key_padding_mask,
+            past_key_values=past_key_values,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        output = BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=sequence_output,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Heads
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RoFormerPredictionHeadTransform(nn.Module):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.embedding_size, bias=config.use_bias)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = make_norm(config, config.embedding_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
+
+
+class RoFormerLMPredictionHead(nn.Module):
+    """RoFormer-v1 head: transform (dense, activation, LayerNorm) then the decoder tied to the word embeddings.
+
+    RoFormer-v2 (`norm_type="rms_norm"`) predicts with the tied decoder alone, as its release does.
+    """
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        if config.norm_type == "layer_norm":
+            self.transform = RoFormerPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.embedding_size, config.vocab_size, bias=config.use_bias)
+        if config.use_bias:
+            self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "transform"):
+            hidden_states = self.transform(hidden_states)
+        return self.decoder(hidden_states)
+
+
+class RoFormerOnlyMLMHead(nn.Module):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.predictions = RoFormerLMPredictionHead(config)
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return self.predictions(sequence_output)
+
+
+def _lm_tied_weights_keys(config: RoFormerConfig) -> dict[str, str]:
+    tied = {"cls.predictions.decoder.weight": "roformer.embeddings.word_embeddings.weight"}
+    if config.use_bias:
+        tied["cls.predictions.decoder.bias"] = "cls.predictions.bias"
+    return tied
+
+
+class RoFormerForMaskedLM(RoFormerPreTrainedModel):
+    _tied_weights_keys = {
+        "cls.predictions.decoder.weight": "roformer.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__(config)
+        if config.is_decoder:
+            raise ValueError("RoFormerForMaskedLM needs bidirectional attention: set config.is_decoder=False")
+        self._tied_weights_keys = _lm_tied_weights_keys(config)
+        self.roformer = RoFormerModel(config)
+        self.cls = RoFormerOnlyMLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.predictions.decoder = new_embeddings
+        if new_embeddings.bias is not None:
+            self.cls.predictions.bias = new_embeddings.bias
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        outputs = self.roformer(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.cls(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1).to(logits.device))
+        result = MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                attentions=outputs.attentions)
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = RoFormerForMaskedLM._tied_weights_keys
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__(config)
+        if not config.is_decoder:
+            raise ValueError(
+                "RoFormerForCausalLM needs causal attention: set config.is_decoder=True "
+                "(e.g. from_pretrained(path, is_decoder=True))"
+            )
+        self._tied_weights_keys = _lm_tied_weights_keys(config)
+        self.roformer = RoFormerModel(config)
+        self.cls = RoFormerOnlyMLMHead(config)
+        self.post_init()
+
+    get_output_embeddings = RoFormerForMaskedLM.get_output_embeddings
+    set_output_embeddings = RoFormerForMaskedLM.set_output_embeddings
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        past_key_values=None,
+        labels=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithCrossAttentions | tuple:
+        outputs = self.roformer(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.cls(hidden_states[:, keep, :])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        result = CausalLMOutputWithCrossAttentions(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+def _maybe_tuple(output, return_dict, config):
+    return_dict = return_dict if return_dict is not None else config.return_dict
+    return output if return_dict else output.to_tuple()
+
+
+def _classification_loss(config, logits, labels, num_labels):
+    """Regression, single- or multi-label loss, chosen as transformers' heads choose it."""
+    labels = labels.to(logits.device)
+    if config.problem_type is None:
+        if num_labels == 1:
+            config.problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    if config.problem_type == "regression":
+        return MSELoss()(logits.squeeze(), labels.squeeze()) if num_labels == 1 else MSELoss()(logits, labels)
+    if config.problem_type == "single_label_classification":
+        return CrossEntropyLoss()(logits.view(-1, num_labels), labels.view(-1))
+    return BCEWithLogitsLoss()(logits, labels)
+
+
+class RoFormerClassificationHead(nn.Module):
+    """Dense + activation + projection on the first token, as transformers' RoFormer does."""
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(features[:, 0, :])
+        x = self.dropout(self.act(self.dense(x)))
+        return self.out_proj(x)
+
+
+class RoFormerForSequenceClassification(RoFormerPreTrainedModel):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.roformer = RoFormerModel(config)
+        self.classifier = RoFormerClassificationHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        outputs = self.roformer(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.classifier(outputs.last_hidden_state)
+        loss = _classification_loss(self.config, logits, labels, self.num_labels) if labels is not None else None
+        result = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                          attentions=outputs.attentions)
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+class RoFormerSequenceSummary(nn.Module):
+    """The vector multiple choice classifies: the last token (transformers' RoFormer), the first, or the mean."""
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.summary_type = config.summary_type
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        if self.summary_type == "first":
+            return hidden_states[:, 0]
+        if self.summary_type == "last":
+            return hidden_states[:, -1]
+        if attention_mask is None:
+            return hidden_states.mean(dim=1)
+        weights = attention_mask.to(hidden_states.dtype)[..., None]
+        return (hidden_states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__(config)
+        self.roformer = RoFormerModel(config)
+        self.sequence_summary = RoFormerSequenceSummary(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput | tuple:
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is None or reference.dim() < 3:
+            raise ValueError(
+                "RoFormerForMultipleChoice expects input_ids of shape (batch, num_choices, seq_len) or inputs_embeds "
+                "of shape (batch, num_choices, seq_len, embedding_size)"
+            )
+        num_choices = reference.shape[1]
+
+        def flat(tensor, dims=2):
+            return tensor.reshape(-1, *tensor.shape[-dims + 1:]) if tensor is not None else None
+
+        flat_mask = flat(attention_mask)
+        outputs = self.roformer(
+            flat(input_ids),
+            attention_mask=flat_mask,
+            token_type_ids=flat(token_type_ids),
+            position_ids=flat(position_ids),
+            inputs_embeds=flat(inputs_embeds, dims=3),
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        pooled = self.sequence_summary(outputs.last_hidden_state, flat_mask)
+        logits = self.classifier(pooled).view(-1, num_choices)
+        loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
+        result = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                           attentions=outputs.attentions)
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+class RoFormerForTokenClassification(RoFormerPreTrainedModel):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.roformer = RoFormerModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        outputs = self.roformer(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1).to(logits.device))
+        result = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                       attentions=outputs.attentions)
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+class RoFormerForQuestionAnswering(RoFormerPreTrainedModel):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__(config)
+        self.roformer = RoFormerModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        outputs = self.roformer(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # Positions outside the input are ignored, as in transformers' QA heads.
+            ignored_index = start_logits.size(1)
+            start_positions = start_positions.view(-1).clamp(0, ignored_index).to(start_logits.device)
+            end_positions = end_positions.view(-1).clamp(0, ignored_index).to(end_logits.device)
+            loss_fct = CrossEntropyLoss(ignore_index=ignored_index)
+            loss = (loss_fct(start_logits, start_positions) + loss_fct(end_logits, end_positions)) / 2
+        result = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                              hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+__all__ = [
+    "RoFormerForCausalLM",
+    "RoFormerForMaskedLM",
+    "RoFormerForMultipleChoice",
+    "RoFormerForQuestionAnswering",
+    "RoFormerForSequenceClassification",
+    "RoFormerForTokenClassification",
+    "RoFormerModel",
+    "RoFormerPreTrainedModel",
+    "apply_rotary",
+    "convert_rope_layout",
+    "rope_inverse_frequencies",
+]
