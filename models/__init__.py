@@ -5,6 +5,7 @@ Importing the package registers every config and model with transformers' Auto c
 """
 
 from . import _registry
+from .roformer import AUTO_MAP as _ROFORMER_AUTO_MAP
 from .roformer import (
     RoFormerConfig,
     RoFormerForCausalLM,
@@ -17,7 +18,6 @@ from .roformer import (
     RoFormerPreTrainedModel,
     convert_rope_layout,
 )
-from .roformer import AUTO_MAP as _ROFORMER_AUTO_MAP
 from .roformer import modeling_roformer as _modeling_roformer
 
 __version__ = "0.1.0"

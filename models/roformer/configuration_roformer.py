@@ -37,26 +37,56 @@ ROPE_SCALING_KEYS = {
     "dynamic": ({"factor"}, set()),
     "yarn": (
         {"factor"},
-        {"original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-         "truncate"},
+        {
+            "original_max_position_embeddings",
+            "attention_factor",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+            "truncate",
+        },
     ),
 }
 
 # Sizes of the published RoFormer checkpoints (ZhuiyiTechnology/roformer, roformer-v2).
 PRESETS = {
     "roformer-chinese-small": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536),
-    "roformer-chinese-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "roformer-chinese-base": dict(
+        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
+    ),
     "roformer-v2-chinese-char-small": dict(
-        vocab_size=12000, hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536,
-        max_position_embeddings=512, norm_type="rms_norm", use_bias=False, hidden_act="relu",
+        vocab_size=12000,
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=6,
+        intermediate_size=1536,
+        max_position_embeddings=512,
+        norm_type="rms_norm",
+        use_bias=False,
+        hidden_act="relu",
     ),
     "roformer-v2-chinese-char-base": dict(
-        vocab_size=12000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-        max_position_embeddings=512, norm_type="rms_norm", use_bias=False, hidden_act="relu",
+        vocab_size=12000,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        max_position_embeddings=512,
+        norm_type="rms_norm",
+        use_bias=False,
+        hidden_act="relu",
     ),
     "roformer-v2-chinese-char-large": dict(
-        vocab_size=12000, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
-        max_position_embeddings=512, norm_type="rms_norm", use_bias=False, hidden_act="relu",
+        vocab_size=12000,
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+        max_position_embeddings=512,
+        norm_type="rms_norm",
+        use_bias=False,
+        hidden_act="relu",
     ),
 }
 
@@ -122,7 +152,7 @@ class RoFormerConfig(PreTrainedConfig):
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
         super().__post_init__(**kwargs)
-        self._validate()
+        self.validate_fields()
         self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
 
     @classmethod
@@ -145,14 +175,23 @@ class RoFormerConfig(PreTrainedConfig):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    def _validate(self):
+    def validate_fields(self):
+        """Check every field; runs on creation and again when a model is built (fields may change in between)."""
+
         def positive(name):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"RoFormerConfig.{name} must be a positive integer, got {value!r}")
 
-        for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "embedding_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             positive(name)
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
@@ -170,9 +209,12 @@ class RoFormerConfig(PreTrainedConfig):
             )
         if self.rope_theta <= 0:
             raise ValueError(f"RoFormerConfig.rope_theta must be positive, got {self.rope_theta}")
-        self._resolve_rotary_dim()
-        for name, allowed in (("rope_layout", ROPE_LAYOUTS), ("norm_type", NORM_TYPES),
-                              ("attention_kernel", ATTENTION_KERNELS), ("summary_type", SUMMARY_TYPES)):
+        for name, allowed in (
+            ("rope_layout", ROPE_LAYOUTS),
+            ("norm_type", NORM_TYPES),
+            ("attention_kernel", ATTENTION_KERNELS),
+            ("summary_type", SUMMARY_TYPES),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"RoFormerConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.add_cross_attention:
@@ -181,32 +223,39 @@ class RoFormerConfig(PreTrainedConfig):
                 "(or a decoder-only causal LM), without cross-attention layers"
             )
         self.rope_scaling = self._validated_rope_scaling(self.rope_scaling)
+        self._validate_rotary_dim()
 
-    def _resolve_rotary_dim(self):
+    @property
+    def rope_dim(self) -> int:
+        """Number of rotated features per head: `rotary_dim`, else `partial_rotary_factor` x head_dim, else all."""
+        if self.rotary_dim is not None:
+            return self.rotary_dim
+        if self.partial_rotary_factor is not None:
+            return int(self.head_dim * self.partial_rotary_factor)
+        return self.head_dim
+
+    def _validate_rotary_dim(self):
         head_dim = self.head_dim
-        from_factor = None
         if self.partial_rotary_factor is not None:
             if not 0.0 < self.partial_rotary_factor <= 1.0:
                 raise ValueError(
                     f"RoFormerConfig.partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor}"
                 )
             from_factor = int(head_dim * self.partial_rotary_factor)
-        if self.rotary_dim is not None and from_factor is not None and self.rotary_dim != from_factor:
+            if self.rotary_dim is not None and self.rotary_dim != from_factor:
+                raise ValueError(
+                    f"RoFormerConfig.rotary_dim ({self.rotary_dim}) disagrees with partial_rotary_factor "
+                    f"({self.partial_rotary_factor} x head_dim {head_dim} = {from_factor}); give only one of them"
+                )
+        rope_dim = self.rope_dim
+        if isinstance(rope_dim, bool) or not isinstance(rope_dim, int) or rope_dim <= 0:
+            raise ValueError(f"RoFormerConfig.rotary_dim must be a positive integer, got {rope_dim!r}")
+        if rope_dim % 2 or rope_dim > head_dim:
             raise ValueError(
-                f"RoFormerConfig.rotary_dim ({self.rotary_dim}) disagrees with partial_rotary_factor "
-                f"({self.partial_rotary_factor} x head_dim {head_dim} = {from_factor}); give only one of them"
+                f"RoFormerConfig.rotary_dim must be even and at most the head dimension ({head_dim}), got {rope_dim}"
             )
-        rotary_dim = self.rotary_dim if self.rotary_dim is not None else from_factor
-        if rotary_dim is None:
-            rotary_dim = head_dim
-        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim <= 0:
-            raise ValueError(f"RoFormerConfig.rotary_dim must be a positive integer, got {rotary_dim!r}")
-        if rotary_dim % 2 or rotary_dim > head_dim:
-            raise ValueError(
-                f"RoFormerConfig.rotary_dim must be even and at most the head dimension ({head_dim}), got {rotary_dim}"
-            )
-        self.rotary_dim = rotary_dim
-        self.partial_rotary_factor = rotary_dim / head_dim
+        if (self.rope_scaling or {}).get("rope_type") == "dynamic" and rope_dim <= 2:
+            raise ValueError("RoFormerConfig: dynamic NTK scaling needs a rotary dimension above 2")
 
     def _validated_rope_scaling(self, scaling):
         if scaling is None:
@@ -221,7 +270,8 @@ class RoFormerConfig(PreTrainedConfig):
             return None
         if rope_type not in ROPE_SCALING_KEYS:
             raise ValueError(
-                f"RoFormerConfig.rope_scaling['rope_type'] must be one of {sorted(ROPE_SCALING_KEYS)}, got {rope_type!r}"
+                f"RoFormerConfig.rope_scaling['rope_type'] must be one of {sorted(ROPE_SCALING_KEYS)}, "
+                f"got {rope_type!r}"
             )
         required, optional = ROPE_SCALING_KEYS[rope_type]
         given = set(scaling) - {"rope_type"}

@@ -51,7 +51,7 @@ def rope_inverse_frequencies(config: RoFormerConfig, seq_len: int | None = None)
     interpolation); "dynamic" raises the base once `seq_len` exceeds `max_position_embeddings` (dynamic NTK);
     "yarn" blends interpolated and extrapolated frequencies along a ramp and scales cos/sin by `attention_factor`.
     """
-    dim = config.rotary_dim
+    dim = config.rope_dim
     base = float(config.rope_theta)
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
     scaling = config.rope_scaling or {}
@@ -151,7 +151,7 @@ def convert_rope_layout(model: "RoFormerPreTrainedModel", target_layout: str) ->
     config = model.config
     if target_layout not in ("interleaved", "half"):
         raise ValueError(f"target_layout must be 'interleaved' or 'half', got {target_layout!r}")
-    perm_one_head = rope_layout_permutation(config.head_dim, config.rotary_dim, config.rope_layout, target_layout)
+    perm_one_head = rope_layout_permutation(config.head_dim, config.rope_dim, config.rope_layout, target_layout)
     heads = torch.arange(config.num_attention_heads)[:, None] * config.head_dim
     perm = (heads + perm_one_head[None, :]).flatten()
     with torch.no_grad():
@@ -186,7 +186,7 @@ class RoFormerRotaryEmbedding(nn.Module):
         super().__init__()
         self.config = config
         self.dynamic = (config.rope_scaling or {}).get("rope_type") == "dynamic"
-        shape = (config.max_position_embeddings, config.rotary_dim // 2)
+        shape = (config.max_position_embeddings, config.rope_dim // 2)
         self.register_buffer("cos_cached", torch.empty(shape), persistent=False)
         self.register_buffer("sin_cached", torch.empty(shape), persistent=False)
 
@@ -371,8 +371,9 @@ class RoFormerSelfAttention(nn.Module):
         cos, sin = position_embeddings
 
         if self.linear_kernel:
-            return self._linear_forward(query, key, value, cos, sin, key_padding_mask, past_key_values,
-                                        output_attentions)
+            return self._linear_forward(
+                query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions
+            )
 
         query = apply_rotary(query, cos, sin, self.rope_layout)
         key = apply_rotary(key, cos, sin, self.rope_layout)
@@ -417,8 +418,14 @@ class RoFormerSelfAttention(nn.Module):
             both, value = past_key_values.update(torch.cat((rotated_key, key_features), -1), value, self.layer_idx)
             rotated_key, key_features = both.split(head_dim, dim=-1)
         context, weights = linear_attention(
-            query_features, key_features, rotated_query, rotated_key, value, key_padding_mask,
-            causal=self.is_causal and seq_len > 1, need_weights=output_attentions,
+            query_features,
+            key_features,
+            rotated_query,
+            rotated_key,
+            value,
+            key_padding_mask,
+            causal=self.is_causal and seq_len > 1,
+            need_weights=output_attentions,
         )
         return context.reshape(batch_size, seq_len, -1), weights
 
@@ -539,12 +546,16 @@ class RoFormerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-def _check_inputs(config: RoFormerConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids,
-                  past_length: int):
+def _check_inputs(
+    config: RoFormerConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, past_length: int
+):
     """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch."""
     if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError("Pass exactly one of input_ids or inputs_embeds (got both)" if input_ids is not None
-                         else "Pass exactly one of input_ids or inputs_embeds (got neither)")
+        raise ValueError(
+            "Pass exactly one of input_ids or inputs_embeds (got both)"
+            if input_ids is not None
+            else "Pass exactly one of input_ids or inputs_embeds (got neither)"
+        )
     if input_ids is not None:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
@@ -571,13 +582,16 @@ def _check_inputs(config: RoFormerConfig, input_ids, inputs_embeds, attention_ma
             f"{tuple(attention_mask.shape)}"
         )
     for name, tensor in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
-        if tensor is not None and (tensor.dim() != 2 or tensor.shape[1] != shape[1] or tensor.shape[0] not in
-                                   (1, shape[0])):
+        if tensor is not None and (
+            tensor.dim() != 2 or tensor.shape[1] != shape[1] or tensor.shape[0] not in (1, shape[0])
+        ):
             raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the input has shape {shape}")
     if is_torchdynamo_compiling():
         return
-    for name, tensor, size in (("input_ids", input_ids, config.vocab_size),
-                               ("token_type_ids", token_type_ids, config.type_vocab_size)):
+    for name, tensor, size in (
+        ("input_ids", input_ids, config.vocab_size),
+        ("token_type_ids", token_type_ids, config.type_vocab_size),
+    ):
         if tensor is not None and tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= size):
             raise ValueError(
                 f"{name} must lie in [0, {size}) for this config, got values in "
@@ -590,6 +604,7 @@ class RoFormerModel(RoFormerPreTrainedModel):
 
     def __init__(self, config: RoFormerConfig):
         super().__init__(config)
+        config.validate_fields()  # fields may have been changed since the config was created
         self.embeddings = RoFormerEmbeddings(config)
         if config.embedding_size != config.hidden_size:
             self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size, bias=config.use_bias)
@@ -632,7 +647,7 @@ class RoFormerModel(RoFormerPreTrainedModel):
         hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         if hasattr(self, "embeddings_project"):
             hidden_states = self.embeddings_project(hidden_states)
-        batch_size, seq_len = hidden_states.shape[:2]
+        seq_len = hidden_states.shape[1]
         if position_ids is None:
             position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
         position_embeddings = self.rotary_emb(position_ids, past_length + seq_len, hidden_states.dtype)
@@ -772,8 +787,9 @@ class RoFormerForMaskedLM(RoFormerPreTrainedModel):
         loss = None
         if labels is not None:
             loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1).to(logits.device))
-        result = MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                attentions=outputs.attentions)
+        result = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return _maybe_tuple(result, return_dict, self.config)
 
 
@@ -912,8 +928,9 @@ class RoFormerForSequenceClassification(RoFormerPreTrainedModel):
         )
         logits = self.classifier(outputs.last_hidden_state)
         loss = _classification_loss(self.config, logits, labels, self.num_labels) if labels is not None else None
-        result = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                          attentions=outputs.attentions)
+        result = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return _maybe_tuple(result, return_dict, self.config)
 
 
@@ -965,7 +982,7 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         num_choices = reference.shape[1]
 
         def flat(tensor, dims=2):
-            return tensor.reshape(-1, *tensor.shape[-dims + 1:]) if tensor is not None else None
+            return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
 
         flat_mask = flat(attention_mask)
         outputs = self.roformer(
@@ -982,8 +999,9 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         pooled = self.sequence_summary(outputs.last_hidden_state, flat_mask)
         logits = self.classifier(pooled).view(-1, num_choices)
         loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
-        result = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                           attentions=outputs.attentions)
+        result = MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return _maybe_tuple(result, return_dict, self.config)
 
 
@@ -1024,8 +1042,9 @@ class RoFormerForTokenClassification(RoFormerPreTrainedModel):
         loss = None
         if labels is not None:
             loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1).to(logits.device))
-        result = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                       attentions=outputs.attentions)
+        result = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return _maybe_tuple(result, return_dict, self.config)
 
 
@@ -1071,8 +1090,13 @@ class RoFormerForQuestionAnswering(RoFormerPreTrainedModel):
             end_positions = end_positions.view(-1).clamp(0, ignored_index).to(end_logits.device)
             loss_fct = CrossEntropyLoss(ignore_index=ignored_index)
             loss = (loss_fct(start_logits, start_positions) + loss_fct(end_logits, end_positions)) / 2
-        result = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
-                                              hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        result = QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
         return _maybe_tuple(result, return_dict, self.config)
 
 
