@@ -4,10 +4,12 @@ import math
 import warnings
 from pathlib import Path
 
-import posformers
 import pytest
 import torch
 import transformers
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
+
+import posformers
 from posformers import (
     RoFormerConfig,
     RoFormerForCausalLM,
@@ -20,7 +22,6 @@ from posformers import (
     convert_rope_layout,
 )
 from posformers.roformer.modeling_roformer import rope_inverse_frequencies
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 TINY = dict(
