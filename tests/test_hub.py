@@ -1,0 +1,566 @@
+"""Hub plumbing: what save_pretrained writes, loading with trust_remote_code where posformers is not installed, and
+push_to_hub (model card included) through a local Hub-compatible server (helpers/hub_server.py).
+
+Anything that talks to the Hub or must not see posformers runs in a child `python -I` (helpers.run_python):
+huggingface_hub reads HF_ENDPOINT once, at import, so a child with its own environment is the robust way to point it at
+the local server. Each child is shared by the tests of one fixture, so a failure names the exact property that broke.
+"""
+
+import json
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from helpers import python_env, run_python
+from huggingface_hub import ModelCard
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import posformers
+from posformers import hub
+from posformers.roformer import AUTO_MAP
+
+HEADS = {auto: target.rsplit(".", 1)[1] for auto, target in AUTO_MAP.items() if auto != "AutoConfig"}
+EXPECTED_PIPELINE_TAGS = {
+    "AutoModel": "feature-extraction",
+    "AutoModelForMaskedLM": "fill-mask",
+    "AutoModelForCausalLM": "text-generation",
+    "AutoModelForSequenceClassification": "text-classification",
+    "AutoModelForTokenClassification": "token-classification",
+    "AutoModelForQuestionAnswering": "question-answering",
+    "AutoModelForMultipleChoice": "multiple-choice",
+}
+TOLERANCE = 1e-6
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+REPO_MLM = "posformers-test/tiny-roformer-mlm"
+REPO_CLS = "posformers-test/tiny-roformer-cls"
+REPO_DERIVED = "posformers-test/tiny-roformer-mlm-derived"
+REPO_EDIT = "posformers-test/tiny-roformer-edited"
+EXPLICIT_BASE = "posformers-test/some-base"
+
+USER_BODY = "\n# My RoFormer\n\nHand-written notes the next push must keep.\n"
+PARTIAL_README = "---\nlicense: mit\ntags:\n- user-tag\n---\n" + USER_BODY
+FULL_README = (
+    "---\n"
+    "# comments and layout of a complete card survive a push untouched\n"
+    "library_name: transformers\n"
+    "license: mit\n"
+    "pipeline_tag: fill-mask\n"
+    "tags: [posformers, roformer, user-tag]\n"
+    "---\n" + USER_BODY
+)
+LOCAL_README = "# My classifier\n\nWritten next to the weights before save_pretrained(push_to_hub=True).\n"
+
+
+def tiny_config(**overrides) -> posformers.RoFormerConfig:
+    return posformers.RoFormerConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **overrides
+    )
+
+
+def tiny_model(auto_name: str, seed: int = 0):
+    config = tiny_config(is_decoder=auto_name == "AutoModelForCausalLM")
+    torch.manual_seed(seed)
+    return getattr(posformers, HEADS[auto_name])(config).eval()
+
+
+def tiny_inputs(auto_name: str) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    shape = (2, 3, 7) if auto_name == "AutoModelForMultipleChoice" else (2, 7)
+    input_ids = torch.randint(1, 99, shape, generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, ..., 5:] = 0
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[..., 4:] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+
+
+def tensor_outputs(model, inputs) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        output = model(**inputs)
+    return {key: value for key, value in output.items() if isinstance(value, torch.Tensor)}
+
+
+def assert_same_outputs(actual: dict, expected: dict) -> None:
+    assert sorted(actual) == sorted(expected)
+    for key, value in expected.items():
+        assert actual[key].shape == value.shape, key
+        diff = (actual[key] - value).abs().max().item()
+        assert diff <= TOLERANCE, f"{key}: max abs diff {diff}"
+
+
+@pytest.fixture(scope="module")
+def scratch():
+    """A temporary directory for a module's fixtures, removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="posformers-test-hub-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp_dir():
+    path = Path(tempfile.mkdtemp(prefix="posformers-test-hub-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# Loads each job's model with its Auto class and trust_remote_code=True, saves its outputs and says what it loaded.
+CHILD_LOAD = """
+import torch, transformers
+from safetensors.torch import load_file, save_file
+
+result = {"posformers_found": POSFORMERS_FOUND, "models": {}}
+for job in ARGS["jobs"]:
+    model = getattr(transformers, job["auto"]).from_pretrained(job["source"], trust_remote_code=True)
+    with torch.no_grad():
+        output = model(**load_file(job["inputs"]))
+    save_file({k: v.contiguous() for k, v in output.items() if isinstance(v, torch.Tensor)}, job["outputs"])
+    result["models"][job["name"]] = {
+        "class": type(model).__name__, "module": type(model).__module__, "training": model.training,
+    }
+try:
+    import posformers
+    result["import_posformers"] = "imported"
+except ModuleNotFoundError:
+    result["import_posformers"] = "ModuleNotFoundError"
+result["posformers_modules"] = sorted(m for m in sys.modules if m.split(".")[0] == "posformers")
+print(json.dumps(result))
+"""
+
+
+def load_job(name: str, auto_name: str, source, workdir: Path) -> dict:
+    inputs = workdir / f"{name}-inputs.safetensors"
+    save_file(tiny_inputs(auto_name), str(inputs))
+    outputs = workdir / f"{name}-outputs.safetensors"
+    return {"name": name, "auto": auto_name, "source": str(source), "inputs": str(inputs), "outputs": str(outputs)}
+
+
+def check_child_load(result: dict, job: dict, model_class: str, expected: dict) -> None:
+    loaded = result["models"][job["name"]]
+    assert loaded["module"].startswith("transformers_modules."), loaded  # the repo's code, not posformers
+    assert loaded["class"] == model_class
+    assert loaded["training"] is False
+    assert_same_outputs(load_file(job["outputs"]), expected)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# save_pretrained and local loading
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_save_pretrained_writes_safetensors_config_and_code(tmp_dir):
+    model = tiny_model("AutoModelForMaskedLM")
+    model.save_pretrained(tmp_dir)
+
+    files = {path.name for path in tmp_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "configuration_roformer.py", "modeling_roformer.py"} <= files
+    assert not [name for name in files if name.endswith(PICKLE_SUFFIXES)], files
+    state = model.state_dict()
+    with safe_open(tmp_dir / "model.safetensors", framework="pt") as weights:
+        names = weights.keys()
+        assert names, "no tensors saved"
+        for key in names:
+            assert torch.equal(weights.get_tensor(key), state[key]), key
+
+    config = json.loads((tmp_dir / "config.json").read_text())
+    assert config["model_type"] == "posformers-roformer"
+    assert config["architectures"] == ["RoFormerForMaskedLM"]
+    assert config["auto_map"] == AUTO_MAP
+    assert set(config["auto_map"]) == {"AutoConfig", *EXPECTED_PIPELINE_TAGS}
+    # The copied code is the package's own, so what trust_remote_code runs is what was tested.
+    for name in ("configuration_roformer.py", "modeling_roformer.py"):
+        assert (tmp_dir / name).read_bytes() == (Path(posformers.__file__).parent / "roformer" / name).read_bytes()
+    assert "import posformers" not in (tmp_dir / "modeling_roformer.py").read_text()
+
+
+def test_save_pretrained_without_push_writes_no_card(tmp_dir):
+    tiny_model("AutoModel").save_pretrained(tmp_dir, license="mit")  # card options are accepted and ignored
+    assert not (tmp_dir / "README.md").exists()
+
+
+@pytest.mark.parametrize("auto_name", sorted(HEADS))
+def test_auto_class_loads_posformers_class_in_process(auto_name, tmp_dir):
+    model = tiny_model(auto_name)
+    model.save_pretrained(tmp_dir)
+    loaded = getattr(transformers, auto_name).from_pretrained(tmp_dir)
+    assert type(loaded) is type(model)
+    inputs = tiny_inputs(auto_name)
+    assert_same_outputs(tensor_outputs(loaded, inputs), tensor_outputs(model, inputs))
+
+
+def test_auto_model_loads_posformers_base_model_from_head_checkpoint(tmp_dir):
+    tiny_model("AutoModelForMaskedLM").save_pretrained(tmp_dir)
+    assert type(transformers.AutoModel.from_pretrained(tmp_dir)) is posformers.RoFormerModel
+
+
+@pytest.fixture(scope="module")
+def remote_code_load(scratch):
+    """Each head saved to a folder, then loaded with trust_remote_code=True by a child that cannot import posformers."""
+    expected, jobs = {}, []
+    for auto_name, class_name in sorted(HEADS.items()):
+        model = tiny_model(auto_name)
+        model.save_pretrained(scratch / class_name)
+        job = load_job(class_name, auto_name, scratch / class_name, scratch)
+        expected[auto_name] = (job, tensor_outputs(model, tiny_inputs(auto_name)))
+        jobs.append(job)
+    result = run_python(
+        CHILD_LOAD, {"jobs": jobs}, env=python_env(scratch / "hf-home"), cwd=scratch, without_posformers=True
+    )
+    return result, expected
+
+
+@pytest.mark.slow
+def test_remote_code_child_cannot_import_posformers(remote_code_load):
+    result, _ = remote_code_load
+    assert result["posformers_found"] is False
+    assert result["import_posformers"] == "ModuleNotFoundError"
+    assert result["posformers_modules"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("auto_name", sorted(HEADS))
+def test_remote_code_load_matches_in_process_outputs(remote_code_load, auto_name):
+    result, expected = remote_code_load
+    job, outputs = expected[auto_name]
+    check_child_load(result, job, HEADS[auto_name], outputs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model card pieces
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("auto_name", sorted(HEADS))
+def test_card_metadata_per_head(auto_name):
+    model = tiny_model(auto_name)
+    metadata = hub.card_metadata(model)
+    assert metadata == {
+        "library_name": "transformers",
+        "license": "apache-2.0",
+        "pipeline_tag": EXPECTED_PIPELINE_TAGS[auto_name],
+        "tags": ["posformers", "roformer"],
+    }
+    assert list(metadata) == ["library_name", "license", "pipeline_tag", "tags"]
+
+
+def test_card_metadata_options_and_base_model_inference(tmp_dir):
+    model = tiny_model("AutoModelForMaskedLM")
+    metadata = hub.card_metadata(model, license="mit", base_model="org/base", tags=["extra", "posformers"])
+    assert metadata["license"] == "mit"
+    assert metadata["base_model"] == "org/base"
+    assert metadata["tags"] == ["posformers", "roformer", "extra"]
+
+    model.config._name_or_path = "junnyu/roformer_chinese_base"  # as after from_pretrained(repo id)
+    assert hub.card_metadata(model)["base_model"] == "junnyu/roformer_chinese_base"
+    assert "base_model" not in hub.card_metadata(model, base_model=False)
+    assert "base_model" not in hub.card_metadata(model, "junnyu/roformer_chinese_base")  # pushing back to itself
+    for local in (str(tmp_dir), "", "not a repo/x y", "a/b/c"):
+        model.config._name_or_path = local
+        assert "base_model" not in hub.card_metadata(model), local
+
+
+def test_model_card_is_valid_and_tells_how_to_load():
+    card = hub.model_card(tiny_model("AutoModelForSequenceClassification"), "org/tiny-cls")
+    parsed = ModelCard(str(card))
+    assert parsed.data.to_dict() == {
+        "library_name": "transformers",
+        "license": "apache-2.0",
+        "pipeline_tag": "text-classification",
+        "tags": ["posformers", "roformer"],
+    }
+    assert 'AutoModelForSequenceClassification.from_pretrained("org/tiny-cls", trust_remote_code=True)' in card.text
+    assert "| hidden_size | `32` |" in card.text
+
+
+def test_merge_card_metadata_keeps_values_and_text():
+    metadata = hub.card_metadata(tiny_model("AutoModelForMaskedLM"))
+    merged = hub.merge_card_metadata(PARTIAL_README, metadata)
+    card = ModelCard(merged)
+    assert card.text == USER_BODY
+    assert card.data.license == "mit"
+    assert card.data.library_name == "transformers"
+    assert card.data.pipeline_tag == "fill-mask"
+    assert card.data.tags == ["user-tag", "posformers", "roformer"]
+
+    assert hub.merge_card_metadata(FULL_README, metadata) == FULL_README  # nothing missing: byte for byte
+    no_yaml = hub.merge_card_metadata("Just text.\n", metadata)
+    assert ModelCard(no_yaml).text == "Just text.\n"
+    assert ModelCard(no_yaml).data.pipeline_tag == "fill-mask"
+
+
+def test_card_options_reach_push_to_hub_and_save_pretrained():
+    # The wrappers accept the card options instead of passing them on to transformers (which would reject them).
+    for method in (posformers.RoFormerForMaskedLM.push_to_hub, posformers.RoFormerForMaskedLM.save_pretrained):
+        assert "overwrite_model_card" in method.__doc__
+    assert posformers.RoFormerPreTrainedModel.__dict__["_posformers_model_cards"] is True
+    assert "_posformers_model_cards" not in transformers.PreTrainedModel.__dict__
+    wrapped = posformers.RoFormerPreTrainedModel.push_to_hub
+    hub.enable_model_cards(posformers.RoFormerPreTrainedModel)  # idempotent
+    assert posformers.RoFormerPreTrainedModel.push_to_hub is wrapped
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The local Hub itself
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _request(url: str, method: str = "GET"):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def test_hub_server_resolve_headers_and_errors(hub_server):
+    repo = "posformers-test/server-check"
+    hub_server.create_repo(repo)
+    commit = hub_server.write_file(repo, "dir/file.txt", b"hello")
+    url = f"{hub_server.url}/{repo}/resolve/main/dir/file.txt"
+
+    status, headers, body = _request(url, "HEAD")
+    assert (status, body) == (200, b"")
+    assert headers["X-Repo-Commit"] == commit
+    assert headers["Content-Length"] == "5"
+    assert headers["ETag"].strip('"') == "b6fc4c620b67d95f953a5c1c1230aaab5db5a1b0"  # git hash-object of "hello"
+    assert _request(url)[2] == b"hello"
+    assert _request(f"{hub_server.url}/{repo}/resolve/{commit}/dir/file.txt")[2] == b"hello"
+
+    status, headers, _ = _request(f"{hub_server.url}/{repo}/resolve/main/missing.txt", "HEAD")
+    assert (status, headers["X-Error-Code"], headers["X-Repo-Commit"]) == (404, "EntryNotFound", commit)
+    status, headers, _ = _request(f"{hub_server.url}/{repo}/resolve/no-such-branch/dir/file.txt", "HEAD")
+    assert (status, headers["X-Error-Code"]) == (404, "RevisionNotFound")
+    status, headers, _ = _request(f"{hub_server.url}/posformers-test/no-such-repo/resolve/main/x", "HEAD")
+    assert (status, headers["X-Error-Code"]) == (404, "RepoNotFound")
+
+    status, _, body = _request(f"{hub_server.url}/api/models/{repo}")
+    info = json.loads(body)
+    assert (status, info["id"], info["sha"]) == (200, repo, commit)
+    assert sorted(s["rfilename"] for s in info["siblings"]) == [".gitattributes", "dir/file.txt"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# push_to_hub through the local Hub
+# ---------------------------------------------------------------------------------------------------------------------
+
+# Pushes as a posformers user would, in a child with HF_ENDPOINT set to the local Hub. Prints the commit of each step.
+CHILD_PUSH = """
+import torch
+import posformers
+from huggingface_hub import HfApi
+from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+api = HfApi()
+steps = {}
+mlm = AutoModelForMaskedLM.from_pretrained(ARGS["mlm_dir"])
+steps["push_mlm"] = mlm.push_to_hub(ARGS["repo_mlm"]).oid
+steps["push_branch"] = mlm.push_to_hub(ARGS["repo_mlm"], revision="dev", commit_message="Push to a new branch").oid
+
+cls = AutoModelForSequenceClassification.from_pretrained(ARGS["cls_dir"])
+cls.save_pretrained(
+    ARGS["cls_push_dir"], push_to_hub=True, repo_id=ARGS["repo_cls"], license="mit", base_model=ARGS["base"]
+)
+
+derived = AutoModelForMaskedLM.from_pretrained(ARGS["repo_mlm"])  # from the Hub, posformers imported
+steps["derived_class"] = f"{type(derived).__module__}.{type(derived).__name__}"
+steps["push_derived"] = derived.push_to_hub(ARGS["repo_derived"], tags=["my-tag"]).oid
+
+
+def retrain(model):
+    with torch.no_grad():
+        model.get_input_embeddings().weight.add_(0.5)
+
+
+def user_writes_card(text, message):
+    return api.upload_file(
+        path_or_fileobj=text.encode(), path_in_repo="README.md", repo_id=ARGS["repo_edit"], commit_message=message
+    ).oid
+
+
+edit = ARGS["repo_edit"]
+steps["edit_push"] = mlm.push_to_hub(edit).oid
+steps["edit_user_partial"] = user_writes_card(ARGS["partial_readme"], "Write the card")
+retrain(mlm)
+steps["edit_repush_partial"] = mlm.push_to_hub(edit, commit_message="Retrain").oid
+steps["edit_user_full"] = user_writes_card(ARGS["full_readme"], "Complete the card")
+retrain(mlm)
+steps["edit_repush_full"] = mlm.push_to_hub(edit, commit_message="Retrain again").oid
+steps["edit_overwrite"] = mlm.push_to_hub(edit, overwrite_model_card=True, license="mit").oid
+print(json.dumps(steps))
+"""
+
+
+@pytest.fixture(scope="module")
+def pushed(hub_server, scratch):
+    """Push tiny models to the local Hub, then load two of them back in a child that cannot import posformers."""
+    work = scratch / "push"
+    work.mkdir()
+    mlm, cls = tiny_model("AutoModelForMaskedLM", seed=1), tiny_model("AutoModelForSequenceClassification", seed=2)
+    mlm.save_pretrained(work / "mlm")
+    cls.save_pretrained(work / "cls")
+    (work / "cls-push").mkdir()
+    (work / "cls-push" / "README.md").write_text(LOCAL_README)
+    args = {
+        "mlm_dir": str(work / "mlm"),
+        "cls_dir": str(work / "cls"),
+        "cls_push_dir": str(work / "cls-push"),
+        "repo_mlm": REPO_MLM,
+        "repo_cls": REPO_CLS,
+        "repo_derived": REPO_DERIVED,
+        "repo_edit": REPO_EDIT,
+        "base": EXPLICIT_BASE,
+        "partial_readme": PARTIAL_README,
+        "full_readme": FULL_README,
+    }
+    steps = run_python(CHILD_PUSH, args, env=python_env(work / "hf-home-push", endpoint=hub_server.url), cwd=work)
+
+    jobs = [
+        load_job("mlm", "AutoModelForMaskedLM", REPO_MLM, work),
+        load_job("cls", "AutoModelForSequenceClassification", REPO_CLS, work),
+    ]
+    requests_before = len(hub_server.requests)
+    loaded = run_python(
+        CHILD_LOAD,
+        {"jobs": jobs},
+        env=python_env(work / "hf-home-load", endpoint=hub_server.url),
+        cwd=work,
+        without_posformers=True,
+    )
+    expected = {
+        "mlm": (jobs[0], tensor_outputs(mlm, tiny_inputs("AutoModelForMaskedLM"))),
+        "cls": (jobs[1], tensor_outputs(cls, tiny_inputs("AutoModelForSequenceClassification"))),
+    }
+    return {
+        "steps": steps,
+        "loaded": loaded,
+        "expected": expected,
+        "load_requests": hub_server.requests[requests_before:],
+    }
+
+
+def readme(hub_server, repo_id: str, revision: str = "main") -> ModelCard:
+    content = hub_server.read_file(repo_id, "README.md", revision)
+    assert content is not None, f"no README.md in {repo_id}@{revision}"
+    return ModelCard(content.decode())
+
+
+@pytest.mark.slow
+def test_push_uploads_weights_config_code_and_card(pushed, hub_server):
+    for repo in (REPO_MLM, REPO_CLS, REPO_DERIVED):
+        files = set(hub_server.list_files(repo))
+        assert {
+            "README.md",
+            "config.json",
+            "model.safetensors",
+            "configuration_roformer.py",
+            "modeling_roformer.py",
+        } <= files, repo
+        assert not [name for name in files if name.endswith(PICKLE_SUFFIXES)], repo
+        assert json.loads(hub_server.read_file(repo, "config.json"))["auto_map"] == AUTO_MAP
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlm", "cls"])
+def test_pushed_model_loads_from_hub_without_posformers(pushed, name):
+    assert pushed["loaded"]["posformers_found"] is False
+    assert pushed["loaded"]["posformers_modules"] == []
+    job, expected = pushed["expected"][name]
+    check_child_load(pushed["loaded"], job, HEADS[job["auto"]], expected)
+
+
+@pytest.mark.slow
+def test_load_from_hub_downloads_from_the_local_server(pushed):
+    downloaded = {path.rsplit("/", 1)[-1] for method, path in pushed["load_requests"] if method == "GET"}
+    assert {"config.json", "model.safetensors", "modeling_roformer.py", "configuration_roformer.py"} <= downloaded
+
+
+@pytest.mark.slow
+def test_pushed_model_loads_from_hub_as_posformers_class(pushed):
+    assert pushed["steps"]["derived_class"] == "posformers.roformer.modeling_roformer.RoFormerForMaskedLM"
+
+
+@pytest.mark.slow
+def test_push_to_hub_writes_model_card(pushed, hub_server):
+    card = readme(hub_server, REPO_MLM)
+    assert card.data.to_dict() == {
+        "library_name": "transformers",
+        "license": "apache-2.0",
+        "pipeline_tag": "fill-mask",
+        "tags": ["posformers", "roformer"],
+    }
+    assert f'AutoModelForMaskedLM.from_pretrained("{REPO_MLM}", trust_remote_code=True)' in card.text
+
+
+@pytest.mark.slow
+def test_push_to_new_branch_starts_from_the_default_branch_card(pushed, hub_server):
+    assert hub_server.history(REPO_MLM, "dev")[0].oid == pushed["steps"]["push_branch"]
+    assert hub_server.read_file(REPO_MLM, "README.md", "dev") == hub_server.read_file(REPO_MLM, "README.md")
+    assert hub_server.list_files(REPO_MLM, "dev") == hub_server.list_files(REPO_MLM)
+
+
+@pytest.mark.slow
+def test_save_pretrained_push_keeps_local_card_and_takes_options(pushed, hub_server):
+    card = readme(hub_server, REPO_CLS)
+    assert card.data.to_dict() == {
+        "library_name": "transformers",
+        "license": "mit",
+        "base_model": EXPLICIT_BASE,
+        "pipeline_tag": "text-classification",
+        "tags": ["posformers", "roformer"],
+    }
+    assert card.text == LOCAL_README
+
+
+@pytest.mark.slow
+def test_push_infers_base_model_and_adds_tags(pushed, hub_server):
+    card = readme(hub_server, REPO_DERIVED)
+    assert card.data.base_model == REPO_MLM  # the repo the weights were loaded from
+    assert card.data.tags == ["posformers", "roformer", "my-tag"]
+
+
+@pytest.mark.slow
+def test_repush_keeps_user_card_and_adds_missing_metadata(pushed, hub_server):
+    steps = pushed["steps"]
+    card = readme(hub_server, REPO_EDIT, steps["edit_repush_partial"])
+    assert card.text == USER_BODY
+    assert card.data.license == "mit"  # the user's value wins over the default
+    assert card.data.library_name == "transformers"
+    assert card.data.pipeline_tag == "fill-mask"
+    assert card.data.tags == ["user-tag", "posformers", "roformer"]
+    weights = [
+        hub_server.read_file(REPO_EDIT, "model.safetensors", steps[s]) for s in ("edit_push", "edit_repush_partial")
+    ]
+    assert weights[0] != weights[1], "the re-push did not upload the new weights"
+
+
+@pytest.mark.slow
+def test_repush_leaves_complete_user_card_byte_for_byte(pushed, hub_server):
+    steps = pushed["steps"]
+    assert hub_server.read_file(REPO_EDIT, "README.md", steps["edit_repush_full"]).decode() == FULL_README
+    before, after = (
+        hub_server.read_file(REPO_EDIT, "model.safetensors", steps[s]) for s in ("edit_user_full", "edit_repush_full")
+    )
+    assert before != after, "the re-push did not upload the new weights"
+
+
+@pytest.mark.slow
+def test_overwrite_model_card_replaces_user_card(pushed, hub_server):
+    card = readme(hub_server, REPO_EDIT, pushed["steps"]["edit_overwrite"])
+    assert "Hand-written notes" not in card.text
+    assert "## Usage" in card.text
+    assert card.data.license == "mit"
+    assert card.data.tags == ["posformers", "roformer"]
+    titles = [commit.title for commit in hub_server.history(REPO_EDIT)]
+    assert titles[:5] == [
+        "Upload RoFormerForMaskedLM",
+        "Retrain again",
+        "Complete the card",
+        "Retrain",
+        "Write the card",
+    ]
