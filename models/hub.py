@@ -344,9 +344,12 @@ def enable_model_cards(model_class: type) -> None:
     posformers model card. Idempotent."""
     if model_class.__dict__.get("_posformers_model_cards"):
         return
+    upload_modified_files = getattr(model_class, "_upload_modified_files", None)
+    if upload_modified_files is None:  # a private transformers hook: without it, keep transformers' own card
+        return
     model_class.push_to_hub = _wrap_push_to_hub(model_class.push_to_hub)
     model_class.save_pretrained = _wrap_save_pretrained(model_class.save_pretrained)
-    model_class._upload_modified_files = _wrap_upload_modified_files(model_class._upload_modified_files)
+    model_class._upload_modified_files = _wrap_upload_modified_files(upload_modified_files)
     model_class._posformers_model_cards = True
 
 
