@@ -744,3 +744,17 @@ def test_output_attentions_with_flex_is_refused_clearly():
     with warnings.catch_warnings(), pytest.raises(ValueError, match="output_attentions=True needs"):
         warnings.simplefilter("ignore")
         model(torch.ones(1, 5, dtype=torch.long), output_attentions=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("is_decoder", [False, True], ids=["encoder", "decoder"])
+def test_flex_attention_equals_sdpa(is_decoder):
+    """flex_attention runs on CPU for inference only (torch has no CPU backward for it)."""
+    torch.manual_seed(0)
+    model = RoFormerModel(tiny_config(is_decoder=is_decoder)).eval()
+    input_ids, attention_mask, _ = make_batch()
+    with torch.no_grad():
+        expected = model(input_ids, attention_mask=attention_mask).last_hidden_state
+        model.set_attn_implementation("flex_attention")
+        actual = model(input_ids, attention_mask=attention_mask).last_hidden_state
+    assert max_diff_on_real_tokens(expected, actual, attention_mask) <= TOL
