@@ -1,0 +1,37 @@
+"""DeBERTa v1, v2 and v3: disentangled attention encoder (posformers model_type "posformers-deberta")."""
+
+from .configuration_deberta import AUTO_MAP, PRESETS, DebertaConfig
+from .modeling_deberta import (
+    DebertaForMaskedLM,
+    DebertaForMultipleChoice,
+    DebertaForQuestionAnswering,
+    DebertaForReplacedTokenDetection,
+    DebertaForReplacedTokenDetectionOutput,
+    DebertaForSequenceClassification,
+    DebertaForTokenClassification,
+    DebertaModel,
+    DebertaPreTrainedModel,
+    gather_position_bias,
+    log_bucket_position,
+    position_score_tables,
+    relative_positions,
+)
+
+__all__ = [
+    "AUTO_MAP",
+    "PRESETS",
+    "DebertaConfig",
+    "DebertaForMaskedLM",
+    "DebertaForMultipleChoice",
+    "DebertaForQuestionAnswering",
+    "DebertaForReplacedTokenDetection",
+    "DebertaForReplacedTokenDetectionOutput",
+    "DebertaForSequenceClassification",
+    "DebertaForTokenClassification",
+    "DebertaModel",
+    "DebertaPreTrainedModel",
+    "gather_position_bias",
+    "log_bucket_position",
+    "position_score_tables",
+    "relative_positions",
+]

@@ -1,0 +1,376 @@
+"""DeBERTa configuration: v1, v2 and v3 in one config.
+
+Field names and meanings are those of the official `config.json` files (and of transformers' `DebertaConfig` /
+`DebertaV2Config`, which use the same names), so an official config file loads as it is, whether it says model_type
+"deberta" or "deberta-v2". On top of them:
+
+* `projection_layout`: how the attention projections are stored. "separate" (v2/v3: `query_proj`, `key_proj`,
+  `value_proj`, `pos_key_proj`, `pos_query_proj`) or "fused" (v1: `in_proj` without bias plus `q_bias` / `v_bias`,
+  `pos_proj` without bias, `pos_q_proj`). Both compute the same function; the layout only fixes the parameter names
+  and which biases exist, so v1 checkpoints load and save under their own key names.
+* `emd_steps`: how many times the Enhanced Mask Decoder applies the last encoder layer (the official code: 2).
+
+`model_type` is "posformers-deberta": transformers already registers "deberta" and "deberta-v2", and a folder saved
+under either name would silently load as transformers' classes.
+"""
+
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+# Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
+# `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
+# `import posformers` registers the same classes with the Auto factories.
+AUTO_MAP = {
+    "AutoConfig": "configuration_deberta.DebertaConfig",
+    "AutoModel": "modeling_deberta.DebertaModel",
+    "AutoModelForMaskedLM": "modeling_deberta.DebertaForMaskedLM",
+    "AutoModelForPreTraining": "modeling_deberta.DebertaForReplacedTokenDetection",
+    "AutoModelForSequenceClassification": "modeling_deberta.DebertaForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_deberta.DebertaForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_deberta.DebertaForQuestionAnswering",
+    "AutoModelForMultipleChoice": "modeling_deberta.DebertaForMultipleChoice",
+}
+
+POS_ATT_TYPES = ("c2p", "p2c")
+NORM_REL_EBD = ("none", "layer_norm")
+PROJECTION_LAYOUTS = ("separate", "fused")
+
+# What a field means when an official / transformers config.json leaves it out: the defaults of transformers'
+# DebertaConfig / DebertaV2Config and of the official code's `getattr(config, name, default)` calls. posformers' own
+# defaults are deberta-v3-base, so without this a v1 file lacking `position_buckets` would get 256 buckets.
+_OFFICIAL_COMMON = dict(
+    hidden_act="gelu",
+    hidden_dropout_prob=0.1,
+    attention_probs_dropout_prob=0.1,
+    max_position_embeddings=512,
+    type_vocab_size=0,
+    initializer_range=0.02,
+    layer_norm_eps=1e-7,
+    relative_attention=False,
+    max_relative_positions=-1,
+    position_biased_input=True,
+    pos_att_type=None,
+    position_buckets=-1,
+    share_att_key=False,
+    norm_rel_ebd="none",
+    conv_kernel_size=0,
+    conv_act="tanh",
+    conv_groups=1,
+    pooler_dropout=0.0,
+    pooler_hidden_act="gelu",
+)
+OFFICIAL_DEFAULTS = {
+    "deberta": dict(
+        _OFFICIAL_COMMON,
+        vocab_size=50265,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        projection_layout="fused",
+    ),
+    "deberta-v2": dict(
+        _OFFICIAL_COMMON,
+        vocab_size=128100,
+        hidden_size=1536,
+        num_hidden_layers=24,
+        num_attention_heads=24,
+        intermediate_size=6144,
+        projection_layout="separate",
+    ),
+}
+
+_V1 = dict(
+    vocab_size=50265,
+    relative_attention=True,
+    pos_att_type="c2p|p2c",
+    max_relative_positions=-1,
+    position_biased_input=False,
+    position_buckets=-1,
+    share_att_key=False,
+    norm_rel_ebd="none",
+    projection_layout="fused",
+)
+_V2 = dict(
+    vocab_size=128100,
+    relative_attention=True,
+    pos_att_type="p2c|c2p",
+    max_relative_positions=-1,
+    position_biased_input=False,
+    position_buckets=256,
+    share_att_key=True,
+    norm_rel_ebd="layer_norm",
+    projection_layout="separate",
+)
+_V2_CONV = dict(_V2, conv_kernel_size=3, conv_act="gelu")
+_V3 = dict(_V2, conv_kernel_size=0)
+
+# Sizes and options of the published checkpoints (microsoft/deberta-*, deberta-v2-*, deberta-v3-*, mdeberta-v3-base).
+PRESETS = {
+    "deberta-base": dict(_V1, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "deberta-large": dict(_V1, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+    "deberta-xlarge": dict(_V1, hidden_size=1024, num_hidden_layers=48, num_attention_heads=16, intermediate_size=4096),
+    "deberta-v2-xlarge": dict(
+        _V2_CONV, hidden_size=1536, num_hidden_layers=24, num_attention_heads=24, intermediate_size=6144
+    ),
+    "deberta-v2-xxlarge": dict(
+        _V2_CONV, hidden_size=1536, num_hidden_layers=48, num_attention_heads=24, intermediate_size=6144
+    ),
+    "deberta-v3-xsmall": dict(
+        _V3, hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536
+    ),
+    "deberta-v3-small": dict(_V3, hidden_size=768, num_hidden_layers=6, num_attention_heads=12, intermediate_size=3072),
+    "deberta-v3-base": dict(_V3, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "deberta-v3-large": dict(
+        _V3, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+    ),
+    "mdeberta-v3-base": dict(
+        _V3, vocab_size=251000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
+    ),
+}
+
+
+def parse_pos_att_type(value) -> list[str]:
+    """ "c2p|p2c" (official files), ["c2p", "p2c"] (transformers) or None -> a lower-case list, order kept."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = value.split("|")
+    return [str(entry).strip().lower() for entry in value if str(entry).strip()]
+
+
+def parse_norm_rel_ebd(value) -> list[str]:
+    """ "layer_norm", "none" or "none|layer_norm" (official syntax) -> the list of entries."""
+    return [entry.strip().lower() for entry in str(value or "none").split("|") if entry.strip()]
+
+
+class DebertaConfig(PreTrainedConfig):
+    r"""
+    Configuration of a posformers DeBERTa model (v1, v2 or v3). Defaults give microsoft/deberta-v3-base;
+    `DebertaConfig.from_preset(name)` gives the other published sizes.
+
+    Args (names and meanings of the official config files):
+        relative_attention (`bool`, defaults to `True`): disentangled attention with relative position embeddings.
+        max_relative_positions (`int`, defaults to `-1`): relative distances are clipped to this span; below 1 it
+            means `max_position_embeddings`.
+        position_buckets (`int`, defaults to `256`): number of log buckets for relative distances (v2/v3); `-1` (or 0)
+            uses the distances themselves (v1). Needs `relative_attention`.
+        pos_att_type (`str` or `list[str]`, defaults to `["p2c", "c2p"]`): which position terms enter the attention
+            scores: "c2p" (content-to-position), "p2c" (position-to-content). Official files write "p2c|c2p". The
+            scores are scaled by `1 / sqrt(head_dim * (1 + len(pos_att_type)))`, as in the official code.
+        share_att_key (`bool`, defaults to `True`): project relative embeddings with the content query/key
+            projections (v2/v3) instead of separate position projections.
+        norm_rel_ebd (`str`, defaults to `"layer_norm"`): `"layer_norm"` normalises the relative embedding table
+            (v2/v3); `"none"` does not.
+        position_biased_input (`bool`, defaults to `False`): add absolute position embeddings to the input
+            embeddings (BERT style). When `False` (every official DeBERTa), absolute positions enter only in the
+            Enhanced Mask Decoder of `DebertaForMaskedLM`.
+        conv_kernel_size (`int`, defaults to `0`): kernel of the convolution layer applied after the first
+            transformer layer (v2: 3); 0 disables it. `conv_act` (defaults to `"tanh"`, v2 checkpoints use "gelu")
+            and `conv_groups` (defaults to 1) configure it.
+        attention_head_size (`int`, *optional*): size of each head; must equal hidden_size / num_attention_heads
+            (official v2/v3 files state it).
+        embedding_size (`int`, *optional*): width of the word embeddings when it differs from `hidden_size` (a
+            bias-free `embed_proj` maps it up).
+        pooler_hidden_size, pooler_dropout, pooler_hidden_act: the context pooler of the classification heads
+            (dense on the first token, then activation). `cls_dropout`: dropout before the classifier (defaults to
+            `hidden_dropout_prob`).
+
+    Args (posformers):
+        projection_layout (`str`, defaults to `"separate"`): `"separate"` stores v2/v3 projections
+            (`query_proj`, `key_proj`, `value_proj`, `pos_key_proj`, `pos_query_proj`); `"fused"` stores v1 ones
+            (`in_proj` without bias, `q_bias`, `v_bias`, `pos_proj` without bias, `pos_q_proj`). Loading an official
+            file sets it from model_type ("deberta" -> fused, "deberta-v2" -> separate).
+        emd_steps (`int`, defaults to `2`): how many times the Enhanced Mask Decoder of `DebertaForMaskedLM` applies
+            the last encoder layer (the official code: 2). 0 turns the EMD off (the LM head reads the encoder output,
+            as transformers' DebertaForMaskedLM does). The EMD exists only when `position_biased_input` is `False`,
+            as in the official code.
+    """
+
+    model_type = "posformers-deberta"
+
+    vocab_size: int = 128100
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float | int = 0.1
+    attention_probs_dropout_prob: float | int = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 0
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-7
+    relative_attention: bool = True
+    max_relative_positions: int = -1
+    position_buckets: int = 256
+    pos_att_type: str | list[str] | None = "p2c|c2p"
+    share_att_key: bool = True
+    norm_rel_ebd: str = "layer_norm"
+    position_biased_input: bool = False
+    conv_kernel_size: int = 0
+    conv_act: str = "tanh"
+    conv_groups: int = 1
+    attention_head_size: int | None = None
+    embedding_size: int | None = None
+    pooler_hidden_size: int | None = None
+    pooler_dropout: float | int = 0.0
+    pooler_hidden_act: str = "gelu"
+    cls_dropout: float | int | None = None
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    tie_word_embeddings: bool = True
+    projection_layout: str = "separate"
+    emd_steps: int = 2
+
+    def __post_init__(self, **kwargs):
+        kwargs.pop("model_type", None)  # an official "deberta" / "deberta-v2" config.json becomes ours
+        self.pos_att_type = parse_pos_att_type(self.pos_att_type)
+        if self.embedding_size is None:
+            self.embedding_size = self.hidden_size
+        if self.pooler_hidden_size is None:
+            self.pooler_hidden_size = self.hidden_size
+        super().__post_init__(**kwargs)
+        self.validate_fields()
+        self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
+
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        # Official checkpoints (and folders written by transformers' DeBERTa) say model_type "deberta" or
+        # "deberta-v2". They load here unchanged: fields they leave out take the value transformers / the official
+        # code would give them, and the projection layout follows the version.
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        official = config_dict.get("model_type")
+        if official in OFFICIAL_DEFAULTS:
+            config_dict = {**OFFICIAL_DEFAULTS[official], **config_dict, "model_type": cls.model_type}
+            if config_dict.get("pos_att_type") is None:
+                config_dict["pos_att_type"] = []
+        return config_dict, kwargs
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "DebertaConfig":
+        """A config for one of the published checkpoints (`PRESETS`), with optional overrides."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown DeBERTa preset {name!r}; choose one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    @property
+    def head_dim(self) -> int:
+        return self.attention_head_size or self.hidden_size // self.num_attention_heads
+
+    @property
+    def relative_span(self) -> int:
+        """Half the number of relative embedding rows: `position_buckets` if bucketed, else the clipping distance."""
+        if self.position_buckets > 0:
+            return self.position_buckets
+        return self.max_relative_positions if self.max_relative_positions >= 1 else self.max_position_embeddings
+
+    @property
+    def max_relative_distance(self) -> int:
+        """The `max_position` of the log buckets: `max_relative_positions`, else `max_position_embeddings`."""
+        return self.max_relative_positions if self.max_relative_positions >= 1 else self.max_position_embeddings
+
+    @property
+    def uses_emd(self) -> bool:
+        """Whether `DebertaForMaskedLM` runs the Enhanced Mask Decoder (official: only without absolute input bias)."""
+        return not self.position_biased_input and self.emd_steps > 0
+
+    def validate_fields(self):
+        """Check every field; runs on creation and again when a model is built (fields may change in between)."""
+
+        def integer(name, minimum):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+                raise ValueError(f"DebertaConfig.{name} must be {kind}, got {value!r}")
+
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "embedding_size",
+            "pooler_hidden_size",
+        ):
+            integer(name, 1)
+        for name in ("type_vocab_size", "conv_kernel_size", "emd_steps"):
+            integer(name, 0)
+        integer("max_relative_positions", -1)
+        integer("position_buckets", -1)
+        if self.attention_head_size is not None:
+            integer("attention_head_size", 1)
+        if self.head_dim * self.num_attention_heads != self.hidden_size:
+            raise ValueError(
+                f"DebertaConfig: num_attention_heads ({self.num_attention_heads}) x attention_head_size "
+                f"({self.head_dim}) must equal hidden_size ({self.hidden_size})"
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "pooler_dropout", "cls_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"DebertaConfig.{name} must be in [0, 1), got {value}")
+        for name in ("hidden_act", "pooler_hidden_act", "conv_act"):
+            if getattr(self, name) not in ACT2FN:
+                raise ValueError(
+                    f"DebertaConfig.{name} must name an activation of transformers.activations.ACT2FN, "
+                    f"got {getattr(self, name)!r}"
+                )
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"DebertaConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})"
+            )
+        if self.projection_layout not in PROJECTION_LAYOUTS:
+            raise ValueError(
+                f"DebertaConfig.projection_layout must be one of {PROJECTION_LAYOUTS}, got {self.projection_layout!r}"
+            )
+        self._validate_relative_attention()
+        if self.conv_kernel_size > 0:
+            if self.conv_kernel_size % 2 == 0:
+                raise ValueError(
+                    f"DebertaConfig.conv_kernel_size must be odd (the official padding (k - 1) // 2 keeps the length "
+                    f"only for odd kernels), got {self.conv_kernel_size}"
+                )
+            if not isinstance(self.conv_groups, int) or self.conv_groups < 1 or self.hidden_size % self.conv_groups:
+                raise ValueError(
+                    f"DebertaConfig.conv_groups must be a positive divisor of hidden_size ({self.hidden_size}), "
+                    f"got {self.conv_groups!r}"
+                )
+
+    def _validate_relative_attention(self):
+        entries = parse_pos_att_type(self.pos_att_type)
+        if "p2p" in entries:
+            raise ValueError(
+                "DebertaConfig.pos_att_type: 'p2p' is not supported. The official code never computes it (v1 only "
+                "counts it in the scale, v2/v3 fail on it) and no published checkpoint uses it; choose from "
+                f"{POS_ATT_TYPES}"
+            )
+        if unknown := [entry for entry in entries if entry not in POS_ATT_TYPES]:
+            raise ValueError(
+                f"DebertaConfig.pos_att_type has unknown entries {unknown}; allowed: {POS_ATT_TYPES} (a list, or a "
+                "string such as 'p2c|c2p')"
+            )
+        if len(set(entries)) != len(entries):
+            raise ValueError(f"DebertaConfig.pos_att_type lists an entry twice: {entries}")
+        self.pos_att_type = entries
+        norms = parse_norm_rel_ebd(self.norm_rel_ebd)
+        if unknown := [entry for entry in norms if entry not in NORM_REL_EBD]:
+            raise ValueError(f"DebertaConfig.norm_rel_ebd has unknown entries {unknown}; allowed: {NORM_REL_EBD}")
+        if self.position_buckets == 0:
+            self.position_buckets = -1  # 0 and -1 both mean "no buckets" in the official code
+        if self.position_buckets > 0:
+            if not self.relative_attention:
+                raise ValueError(
+                    f"DebertaConfig.position_buckets={self.position_buckets} needs relative_attention=True (buckets "
+                    "index relative position embeddings); set position_buckets=-1 for a model without them"
+                )
+            if self.position_buckets < 2 or self.position_buckets // 2 >= self.max_relative_distance - 1:
+                raise ValueError(
+                    f"DebertaConfig.position_buckets ({self.position_buckets}) must be at least 2 and its half must "
+                    f"be below max_relative_positions - 1 (here {self.max_relative_distance - 1}; "
+                    "max_relative_positions < 1 means max_position_embeddings)"
+                )
+
+
+__all__ = ["AUTO_MAP", "OFFICIAL_DEFAULTS", "PRESETS", "DebertaConfig"]

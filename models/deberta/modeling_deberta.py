@@ -1,0 +1,1154 @@
+"""PyTorch DeBERTa v1, v2 and v3 (He et al. 2021, "DeBERTa: Decoding-enhanced BERT with Disentangled Attention";
+He et al. 2023, "DeBERTaV3").
+
+Reads top to bottom in the order data flows: relative positions, embeddings, disentangled attention, layer,
+convolution, encoder, pre-trained base, base model, heads. Parameter names are those of the official checkpoints in
+Hugging Face format (`deberta.*`, `lm_predictions.lm_head.*`, `mask_predictions.*`, `pooler.*`, `classifier.*`), so
+they load unchanged; v1 checkpoints keep their fused `in_proj` layout (`config.projection_layout="fused"`).
+
+Speed: the content-to-position and position-to-content scores are computed per layer as two small (L x 2k) tables,
+gathered once into an additive (L x L) bias and handed to `scaled_dot_product_attention`; nothing is repeated per
+batch element and relative positions are built once per forward. Only the rows of the relative embedding table that
+the sequence length can reach are projected.
+
+This file imports only torch, transformers and its sibling `configuration_deberta.py`: `save_pretrained` copies both
+to the Hub for `trust_remote_code` users.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.utils import ModelOutput, logging
+from transformers.utils.import_utils import is_torchdynamo_compiling
+
+from .configuration_deberta import DebertaConfig, parse_norm_rel_ebd
+
+logger = logging.get_logger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Relative positions: small pure functions
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def log_bucket_position(relative_pos: torch.Tensor, bucket_size: int, max_position: int) -> torch.Tensor:
+    """DeBERTa-v2's log buckets (official `make_log_bucket_position`), elementwise on integer distances `i - j`.
+
+    Distances up to `bucket_size // 2` are kept; farther ones share log-spaced buckets that reach `bucket_size - 1` at
+    `max_position - 1`. As in the official code, distances are first clipped to `±(max_position - 1)`, so every
+    bucket lies in `[-(bucket_size - 1), bucket_size - 1]` (transformers' port omits the clip and sends distances
+    beyond `max_position` to bucket `-bucket_size`, a row the official model never uses). The float32 arithmetic is
+    the official one, operation for operation, so bucket boundaries agree exactly.
+
+    relative_pos: integer tensor of any shape -> long tensor of the same shape.
+    """
+    mid = bucket_size // 2
+    relative_pos = relative_pos.long().clamp(-max_position + 1, max_position - 1)
+    abs_pos = relative_pos.abs()
+    # Inside the window the log is not used; any value >= mid keeps it finite.
+    far = abs_pos.clamp_min(mid).to(torch.float32)
+    log_pos = torch.ceil(torch.log(far / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return torch.where(abs_pos <= mid, relative_pos, log_pos.long() * relative_pos.sign())
+
+
+def _farthest_bucket(distance: int, bucket_size: int, max_position: int) -> int:
+    """An upper bound of `|log_bucket_position(d)|` over `|d| <= distance` (float64, one bucket of margin)."""
+    mid = bucket_size // 2
+    distance = min(distance, max_position - 1)
+    if distance <= mid:
+        return distance
+    return math.ceil(math.log(distance / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid + 1
+
+
+@dataclass
+class RelativePositions:
+    """Which rows of the relative embedding table a length-L self-attention uses, and where.
+
+    index: (L, L) long; `index[i, j]` is the row (counted from `first_row`) holding the embedding of query i's
+    relative position to key j. Rows `first_row .. first_row + num_rows - 1` of the (2k, hidden) table are the only
+    ones any pair reaches, so only they are normalised and projected.
+    """
+
+    index: torch.Tensor
+    first_row: int
+    num_rows: int
+
+
+def relative_positions(length: int, config: DebertaConfig, device: torch.device) -> RelativePositions:
+    """Relative position rows for every query/key pair, with the official clamping.
+
+    The official code scores query i against key j with row `clamp(bucket(i - j) + k, 0, 2k - 1)` of the relative
+    embedding table (k = `config.relative_span`; `bucket` is the identity without `position_buckets`). v1 slices its
+    table to the span the length needs first; that selects the same rows, so one formula covers v1, v2 and v3.
+    """
+    span = config.relative_span
+    buckets, max_position = config.position_buckets, config.max_relative_distance
+    distances = torch.arange(-(length - 1), length, device=device)  # i - j, from -(L-1) to L-1
+    if buckets > 0:
+        distances = log_bucket_position(distances, buckets, max_position)
+    rows = (distances + span).clamp(0, 2 * span - 1)  # (2L - 1,), non-decreasing in i - j
+    farthest = _farthest_bucket(length - 1, buckets, max_position) if buckets > 0 else length - 1
+    first_row = max(span - farthest, 0)
+    last_row = min(span + farthest, 2 * span - 1)
+    positions = torch.arange(length, device=device)
+    index = rows[positions[:, None] - positions[None, :] + (length - 1)] - first_row  # (L, L)
+    return RelativePositions(index=index, first_row=first_row, num_rows=last_row - first_row + 1)
+
+
+def position_score_tables(
+    query: torch.Tensor, key: torch.Tensor, pos_key: torch.Tensor | None, pos_query: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The two small tables the disentangled scores are read from.
+
+    query, key: (B, H, L, D), the query already scaled; pos_key, pos_query: (H, R, D) projections of the R used
+    relative embedding rows, pos_query scaled like the query (or None when the term is off).
+    Returns c2p_table (B, H, L, R) = query . pos_key (content-to-position: every query against every relative row)
+    and p2c_table (B, H, R, L) = pos_query . key (position-to-content: every relative row against every key).
+    """
+    c2p_table = torch.matmul(query, pos_key.transpose(-1, -2)) if pos_key is not None else None
+    p2c_table = torch.matmul(pos_query, key.transpose(-1, -2)) if pos_query is not None else None
+    return c2p_table, p2c_table
+
+
+def gather_position_bias(
+    c2p_table: torch.Tensor | None, p2c_table: torch.Tensor | None, index: torch.Tensor
+) -> torch.Tensor | None:
+    """The (B, H, L, L) additive score bias: `c2p[i, j] = c2p_table[i, r(i, j)]`, `p2c[i, j] = p2c_table[r(i, j), j]`.
+
+    One index per query/key pair (index: (L, L), broadcast over batch and heads without a copy), as the official
+    code indexes both terms with the same `c2p_pos`.
+    """
+    reference = c2p_table if c2p_table is not None else p2c_table
+    if reference is None:
+        return None
+    batch, heads = reference.shape[:2]
+    index = index.expand(batch, heads, *index.shape)
+    bias = torch.gather(c2p_table, -1, index) if c2p_table is not None else None
+    if p2c_table is not None:
+        p2c = torch.gather(p2c_table, -2, index)
+        bias = p2c if bias is None else bias.add_(p2c)
+    return bias
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Embeddings
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class DebertaEmbeddings(nn.Module):
+    """Word (+ token type) (+ absolute position, when `position_biased_input`) embeddings, LayerNorm, padding zeroed.
+
+    `position_embeddings` also exists when the Enhanced Mask Decoder needs absolute positions (`with_positions`);
+    it is then not added here but read by `DebertaForMaskedLM`.
+    """
+
+    def __init__(self, config: DebertaConfig, with_positions: bool = False):
+        super().__init__()
+        self.position_biased_input = config.position_biased_input
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
+        if config.position_biased_input or with_positions:
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.embedding_size)
+        if config.type_vocab_size > 0:
+            self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.embedding_size)
+        if config.embedding_size != config.hidden_size:
+            self.embed_proj = nn.Linear(config.embedding_size, config.hidden_size, bias=False)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, input_mask=None, inputs_embeds=None):
+        """input_mask: (B, L) bool, True for real tokens, or None. Returns (B, L, hidden_size)."""
+        embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        if hasattr(self, "token_type_embeddings"):
+            if token_type_ids is None:
+                embeddings = embeddings + self.token_type_embeddings.weight[0]
+            else:
+                embeddings = embeddings + self.token_type_embeddings(token_type_ids)
+        if self.position_biased_input:
+            embeddings = embeddings + self.position_embeddings(position_ids)
+        if hasattr(self, "embed_proj"):
+            embeddings = self.embed_proj(embeddings)
+        embeddings = self.LayerNorm(embeddings)
+        if input_mask is not None:
+            embeddings = embeddings * input_mask[..., None].to(embeddings.dtype)  # official MaskedLayerNorm
+        return self.dropout(embeddings)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Disentangled attention
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def eager_attention(query, key, value, position_bias, attention_mask, dropout: float, training: bool):
+    """Softmax attention with an additive position bias. query (pre-scaled), key, value: (B, H, L, D);
+    position_bias: (B, H, L, L) or None; attention_mask: bool, True = attend, broadcastable to (B, H, L, L), or None.
+    Returns ((B, L, H, D), weights (B, H, L, L))."""
+    scores = torch.matmul(query, key.transpose(-1, -2))
+    if position_bias is not None:
+        scores = scores + position_bias
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=training)
+    return torch.matmul(weights, value).transpose(1, 2), weights
+
+
+def sdpa_attention(query, key, value, position_bias, attention_mask, dropout: float, training: bool):
+    """`scaled_dot_product_attention` with the position bias as a float mask (padding filled with the dtype's
+    minimum, never -inf). Same arguments and output layout as `eager_attention`, without weights."""
+    if position_bias is None:
+        mask = attention_mask
+    elif attention_mask is None:
+        mask = position_bias
+    else:
+        mask = position_bias.masked_fill_(~attention_mask, torch.finfo(position_bias.dtype).min)
+    context = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout if training else 0.0, scale=1.0
+    )
+    return context.transpose(1, 2), None
+
+
+def flex_attention(query, key, value, c2p_table, p2c_table, index, attention_mask, dropout: float, training: bool):
+    """FlexAttention with the disentangled scores read from the (L x R) tables inside the kernel: the (L x L) bias is
+    never materialised. attention_mask must be a key mask, (B, 1, 1, L), or None."""
+    from transformers.integrations.flex_attention import compile_friendly_flex_attention
+
+    if training and dropout > 0:
+        raise ValueError("attn_implementation='flex_attention' does not support attention dropout; use 'sdpa'")
+    key_mask = attention_mask[:, 0, 0] if attention_mask is not None else None
+
+    def score_mod(score, batch, head, q_idx, kv_idx):
+        row = index[q_idx, kv_idx]
+        if c2p_table is not None:
+            score = score + c2p_table[batch, head, q_idx, row]
+        if p2c_table is not None:
+            score = score + p2c_table[batch, head, row, kv_idx]
+        if key_mask is not None:
+            score = torch.where(key_mask[batch, kv_idx], score, torch.finfo(score.dtype).min)
+        return score
+
+    context = compile_friendly_flex_attention(query, key, value, training=training, score_mod=score_mod, scale=1.0)
+    return context.transpose(1, 2), None
+
+
+class DisentangledSelfAttention(nn.Module):
+    """Content-to-content plus content-to-position and position-to-content attention (DeBERTa eq. 4).
+
+    Scores are scaled by `1 / sqrt(head_dim * (1 + len(pos_att_type)))` (the official scale). With
+    `share_att_key` (v2/v3) the relative embeddings are projected by the content query/key projections; otherwise by
+    their own position projections.
+    """
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        all_head_size = self.num_heads * self.head_dim
+        self.fused = config.projection_layout == "fused"
+        if self.fused:
+            # v1: per head, rows [query, key, value] of one bias-free projection; the query and value biases apart.
+            self.in_proj = nn.Linear(config.hidden_size, 3 * all_head_size, bias=False)
+            self.q_bias = nn.Parameter(torch.zeros(all_head_size))
+            self.v_bias = nn.Parameter(torch.zeros(all_head_size))
+        else:
+            self.query_proj = nn.Linear(config.hidden_size, all_head_size)
+            self.key_proj = nn.Linear(config.hidden_size, all_head_size)
+            self.value_proj = nn.Linear(config.hidden_size, all_head_size)
+        self.pos_att_type = list(config.pos_att_type)
+        self.scaling = (self.head_dim * (1 + len(self.pos_att_type))) ** -0.5
+        self.relative_attention = config.relative_attention
+        self.share_att_key = config.share_att_key
+        if self.relative_attention:
+            self.pos_dropout = nn.Dropout(config.hidden_dropout_prob)
+            if not self.share_att_key and "c2p" in self.pos_att_type:
+                if self.fused:
+                    self.pos_proj = nn.Linear(config.hidden_size, all_head_size, bias=False)
+                else:
+                    self.pos_key_proj = nn.Linear(config.hidden_size, all_head_size)
+            if not self.share_att_key and "p2c" in self.pos_att_type:
+                if self.fused:
+                    self.pos_q_proj = nn.Linear(config.hidden_size, all_head_size)
+                else:
+                    self.pos_query_proj = nn.Linear(config.hidden_size, all_head_size)
+        self.dropout = config.attention_probs_dropout_prob
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., L, H * D) -> (..., H, L, D)."""
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-2, -3)
+
+    def _fused_weights(self, part: int) -> torch.Tensor:
+        """Rows of `in_proj` for part 0 (query), 1 (key) or 2 (value), in head order: (H * D, hidden)."""
+        weight = self.in_proj.weight.view(self.num_heads, 3, self.head_dim, -1)
+        return weight[:, part].reshape(self.num_heads * self.head_dim, -1)
+
+    def project_content(self, hidden_states: torch.Tensor, query_states: torch.Tensor | None):
+        """Queries from `query_states` (default: `hidden_states`), keys and values from `hidden_states`.
+
+        Returns query, key, value, each (B, H, L, D).
+        """
+        if not self.fused:
+            query = self._heads(self.query_proj(hidden_states if query_states is None else query_states))
+            return query, self._heads(self.key_proj(hidden_states)), self._heads(self.value_proj(hidden_states))
+        if query_states is None:
+            qkv = F.linear(hidden_states, self.in_proj.weight).unflatten(-1, (self.num_heads, 3, self.head_dim))
+            query, key, value = (part.transpose(1, 2) for part in qkv.unbind(-2))  # (B, H, L, D) each
+        else:
+            query = self._heads(F.linear(query_states, self._fused_weights(0)))
+            key = self._heads(F.linear(hidden_states, self._fused_weights(1)))
+            value = self._heads(F.linear(hidden_states, self._fused_weights(2)))
+        query = query + self.q_bias.view(self.num_heads, 1, self.head_dim)
+        value = value + self.v_bias.view(self.num_heads, 1, self.head_dim)
+        return query, key, value
+
+    def project_positions(self, rel_embeddings: torch.Tensor):
+        """Position keys (for c2p) and queries (for p2c) of the relative embedding rows: (H, R, D) each, or None."""
+        pos_key = pos_query = None
+        if "c2p" in self.pos_att_type:
+            if self.share_att_key:
+                pos_key = F.linear(rel_embeddings, *self._key_projection())
+            else:
+                pos_key = (self.pos_proj if self.fused else self.pos_key_proj)(rel_embeddings)
+            pos_key = self._heads(pos_key)
+        if "p2c" in self.pos_att_type:
+            if self.share_att_key:
+                pos_query = F.linear(rel_embeddings, *self._query_projection())
+            else:
+                pos_query = (self.pos_q_proj if self.fused else self.pos_query_proj)(rel_embeddings)
+            pos_query = self._heads(pos_query)
+        return pos_key, pos_query
+
+    def _query_projection(self):
+        if self.fused:
+            return self._fused_weights(0), self.q_bias
+        return self.query_proj.weight, self.query_proj.bias
+
+    def _key_projection(self):
+        if self.fused:
+            return self._fused_weights(1), None
+        return self.key_proj.weight, self.key_proj.bias
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        rel_embeddings: torch.Tensor | None,
+        query_states: torch.Tensor | None = None,
+        relative_index: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ):
+        batch_size, seq_len = hidden_states.shape[:2]
+        query, key, value = self.project_content(hidden_states, query_states)
+        query = query * self.scaling  # c2c and c2p share the scale; p2c scales its position queries
+        c2p_table = p2c_table = None
+        if self.relative_attention and rel_embeddings is not None and self.pos_att_type:
+            pos_key, pos_query = self.project_positions(self.pos_dropout(rel_embeddings))
+            if pos_query is not None:
+                pos_query = pos_query * self.scaling
+            c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query)
+
+        implementation = self.config._attn_implementation or "eager"
+        if output_attentions and implementation != "eager":
+            implementation = "eager"  # only the eager kernel returns the weights
+        dropout = self.dropout
+        if implementation == "flex_attention" and (attention_mask is None or attention_mask.shape[-2] == 1):
+            context, weights = flex_attention(
+                query, key, value, c2p_table, p2c_table, relative_index, attention_mask, dropout, self.training
+            )
+        else:
+            bias = gather_position_bias(c2p_table, p2c_table, relative_index) if relative_index is not None else None
+            kernel = eager_attention if implementation == "eager" else sdpa_attention
+            context, weights = kernel(query, key, value, bias, attention_mask, dropout, self.training)
+        return context.reshape(batch_size, seq_len, -1), weights
+
+
+class DebertaSelfOutput(nn.Module):
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
+
+
+class DebertaAttention(nn.Module):
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.self = DisentangledSelfAttention(config)
+        self.output = DebertaSelfOutput(config)
+
+    def forward(self, hidden_states, rel_embeddings, query_states=None, **kwargs):
+        context, weights = self.self(hidden_states, rel_embeddings, query_states, **kwargs)
+        residual = hidden_states if query_states is None else query_states
+        return self.output(context, residual), weights
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Layer, convolution and encoder
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class DebertaIntermediate(nn.Module):
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.intermediate_act_fn(self.dense(hidden_states))
+
+
+class DebertaOutput(nn.Module):
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
+
+
+class DebertaLayer(GradientCheckpointingLayer):
+    """One transformer layer. Tensors that carry gradients are positional (`hidden_states`, `rel_embeddings`,
+    `query_states`), as reentrant gradient checkpointing needs; the index and mask are keyword arguments."""
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.attention = DebertaAttention(config)
+        self.intermediate = DebertaIntermediate(config)
+        self.output = DebertaOutput(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        rel_embeddings: torch.Tensor | None = None,
+        query_states: torch.Tensor | None = None,
+        relative_index: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ):
+        attention_output, weights = self.attention(
+            hidden_states,
+            rel_embeddings,
+            query_states,
+            relative_index=relative_index,
+            attention_mask=attention_mask,
+            output_attentions=output_attentions,
+        )
+        layer_output = self.output(self.intermediate(attention_output), attention_output)
+        return layer_output, weights
+
+
+class DebertaConvLayer(nn.Module):
+    """DeBERTa-v2's convolution beside the first layer: LayerNorm(layer output + act(conv(layer input))).
+
+    The convolution reads the encoder input (the embeddings), as the official code does, with padded positions set
+    to zero before the activation and after the norm.
+    """
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        kernel_size = config.conv_kernel_size
+        self.conv = nn.Conv1d(
+            config.hidden_size,
+            config.hidden_size,
+            kernel_size,
+            padding=(kernel_size - 1) // 2,
+            groups=config.conv_groups,
+        )
+        self.conv_act = ACT2FN[config.conv_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, residual_states, input_mask):
+        """hidden_states: encoder input, residual_states: first layer output, both (B, L, hidden);
+        input_mask: (B, L) bool or None."""
+        out = self.conv(hidden_states.transpose(1, 2)).transpose(1, 2)
+        if input_mask is not None:
+            out = out.masked_fill(~input_mask[..., None], 0.0)
+        out = self.conv_act(self.dropout(out))
+        output = self.LayerNorm(residual_states + out)
+        if input_mask is not None:
+            output = output * input_mask[..., None].to(output.dtype)
+        return output
+
+
+class DebertaEncoder(nn.Module):
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.config = config
+        self.layer = nn.ModuleList([DebertaLayer(config) for _ in range(config.num_hidden_layers)])
+        if config.relative_attention:
+            self.rel_embeddings = nn.Embedding(2 * config.relative_span, config.hidden_size)
+        if "layer_norm" in parse_norm_rel_ebd(config.norm_rel_ebd):
+            self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        if config.conv_kernel_size > 0:
+            self.conv = DebertaConvLayer(config)
+
+    def get_rel_embedding(self, positions: RelativePositions | None) -> torch.Tensor | None:
+        """The used rows of the relative embedding table, normalised when `norm_rel_ebd` says so: (R, hidden)."""
+        if positions is None or not hasattr(self, "rel_embeddings"):
+            return None
+        rows = self.rel_embeddings.weight[positions.first_row : positions.first_row + positions.num_rows]
+        if hasattr(self, "LayerNorm"):
+            rows = self.LayerNorm(rows)  # row-wise, so normalising the slice equals slicing the normalised table
+        return rows
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        positions: RelativePositions | None,
+        input_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ):
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        rel_embeddings = self.get_rel_embedding(positions)
+        relative_index = positions.index if positions is not None else None
+        embedding_output = hidden_states
+        for i, layer_module in enumerate(self.layer):
+            hidden_states, weights = layer_module(
+                hidden_states,
+                rel_embeddings,
+                relative_index=relative_index,
+                attention_mask=attention_mask,
+                output_attentions=output_attentions,
+            )
+            if i == 0 and hasattr(self, "conv"):
+                hidden_states = self.conv(embedding_output, hidden_states, input_mask)
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_attentions:
+                all_attentions += (weights,)
+        return hidden_states, all_hidden_states, all_attentions
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pre-trained base and base model
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class DebertaPreTrainedModel(PreTrainedModel):
+    config_class = DebertaConfig
+    config: DebertaConfig
+    base_model_prefix = "deberta"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["DebertaLayer"]
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    # Official checkpoints carry the absolute position table (used by the EMD only) and the pre-training heads.
+    _keys_to_ignore_on_load_unexpected = [r"position_embeddings", r"^lm_predictions\.", r"^mask_predictions\."]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, DisentangledSelfAttention) and module.fused:
+            init.zeros_(module.q_bias)
+            init.zeros_(module.v_bias)
+        elif isinstance(module, DebertaLMPredictionHead):
+            init.zeros_(module.bias)
+
+
+def _check_inputs(config: DebertaConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids):
+    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(
+            "Pass exactly one of input_ids or inputs_embeds (got both)"
+            if input_ids is not None
+            else "Pass exactly one of input_ids or inputs_embeds (got neither)"
+        )
+    if input_ids is not None:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
+        shape = tuple(input_ids.shape)
+    else:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.embedding_size:
+            raise ValueError(
+                f"inputs_embeds must have shape (batch, seq_len, embedding_size={config.embedding_size}), "
+                f"got {tuple(inputs_embeds.shape)}"
+            )
+        shape = tuple(inputs_embeds.shape[:2])
+    if shape[1] == 0:
+        raise ValueError("The input sequence is empty (seq_len = 0)")
+    if attention_mask is not None:
+        expected = [shape, (shape[0], shape[1], shape[1])]
+        if tuple(attention_mask.shape) not in expected:
+            raise ValueError(
+                f"attention_mask must have shape (batch, seq_len) = {shape} or (batch, seq_len, seq_len), got "
+                f"{tuple(attention_mask.shape)}"
+            )
+    for name, tensor in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+        if tensor is not None and (
+            tensor.dim() != 2 or tensor.shape[1] != shape[1] or tensor.shape[0] not in (1, shape[0])
+        ):
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the input has shape {shape}")
+    if is_torchdynamo_compiling():
+        return
+    checks = [("input_ids", input_ids, config.vocab_size)]
+    if config.type_vocab_size > 0:
+        checks.append(("token_type_ids", token_type_ids, config.type_vocab_size))
+    if config.position_biased_input or config.uses_emd:
+        checks.append(("position_ids", position_ids, config.max_position_embeddings))
+        if position_ids is None and shape[1] > config.max_position_embeddings:
+            raise ValueError(
+                f"Input of {shape[1]} tokens is longer than max_position_embeddings="
+                f"{config.max_position_embeddings}, the size of the absolute position table this model reads"
+            )
+    for name, tensor, size in checks:
+        if tensor is not None and tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= size):
+            raise ValueError(
+                f"{name} must lie in [0, {size}) for this config, got values in "
+                f"[{int(tensor.min())}, {int(tensor.max())}]"
+            )
+
+
+def attention_masks(attention_mask: torch.Tensor | None, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(input_mask (B, L) bool, attention mask bool broadcastable to (B, H, L, L)) from a user mask, 1 = attend.
+
+    A (B, L) mask masks keys; a (B, L, L) mask is used as it is, with the tokens any query attends as the input mask
+    (the official rule). Both are None when nothing is masked, so that the kernels skip masking altogether.
+    """
+    if attention_mask is None:
+        return None, None
+    mask = attention_mask.to(device=device, dtype=torch.bool)
+    if not is_torchdynamo_compiling() and bool(mask.all()):
+        return None, None
+    if mask.dim() == 2:
+        return mask, mask[:, None, None, :]
+    return mask.any(dim=-2), mask[:, None]
+
+
+class DebertaModel(DebertaPreTrainedModel):
+    """The bare DeBERTa encoder, outputting hidden states.
+
+    `with_positions` keeps the absolute position table even when it is not added to the input (the Enhanced Mask
+    Decoder of `DebertaForMaskedLM` reads it).
+    """
+
+    def __init__(self, config: DebertaConfig, with_positions: bool = False):
+        super().__init__(config)
+        config.validate_fields()  # fields may have been changed since the config was created
+        self.embeddings = DebertaEmbeddings(config, with_positions=with_positions)
+        self.encoder = DebertaEncoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def relative_positions(self, seq_len: int, device) -> RelativePositions | None:
+        if not self.config.relative_attention:
+            return None
+        return relative_positions(seq_len, self.config, device)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutput | tuple:
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        _check_inputs(config, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        device = input_ids.device if input_ids is not None else inputs_embeds.device
+        seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        if position_ids is None and config.position_biased_input:
+            position_ids = torch.arange(seq_len, device=device)[None]
+
+        input_mask, mask = attention_masks(attention_mask, device)
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, input_mask, inputs_embeds)
+        sequence_output, all_hidden_states, all_attentions = self.encoder(
+            hidden_states,
+            self.relative_positions(seq_len, device),
+            input_mask,
+            mask,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        output = BaseModelOutput(
+            last_hidden_state=sequence_output, hidden_states=all_hidden_states, attentions=all_attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Heads
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _maybe_tuple(output, return_dict, config):
+    return_dict = return_dict if return_dict is not None else config.return_dict
+    return output if return_dict else output.to_tuple()
+
+
+class DebertaLMPredictionHead(nn.Module):
+    """The official MLM head (`lm_predictions.lm_head`): dense, activation, LayerNorm, then the decoder tied to the
+    word embeddings plus a bias."""
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.embedding_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.embedding_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.LayerNorm(self.transform_act_fn(self.dense(hidden_states))))
+
+
+class DebertaEnhancedMaskDecoder(nn.Module):
+    """The Enhanced Mask Decoder (DeBERTa section 3.2; official `EnhancedMaskDecoder`), then the LM head.
+
+    Absolute positions enter here only: the last encoder layer is applied `emd_steps` times (shared weights) with
+    keys and values from its own input (the hidden states after layer N-1) and queries starting from those states
+    plus the absolute position embeddings, each step feeding the next. With `emd_steps=0`, or a model that already
+    adds positions to its input, the LM head reads the encoder output.
+    """
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.steps = config.emd_steps if config.uses_emd else 0
+        self.lm_head = DebertaLMPredictionHead(config)
+
+    def forward(
+        self,
+        sequence_output: torch.Tensor,
+        layer: DebertaLayer | None = None,
+        kv_states: torch.Tensor | None = None,
+        position_embeddings: torch.Tensor | None = None,
+        rel_embeddings: torch.Tensor | None = None,
+        **layer_kwargs,
+    ) -> torch.Tensor:
+        if self.steps:
+            query_states = kv_states + position_embeddings
+            for _ in range(self.steps):
+                query_states, _ = layer(kv_states, rel_embeddings, query_states, **layer_kwargs)
+            sequence_output = query_states
+        return self.lm_head(sequence_output)
+
+
+class DebertaForMaskedLM(DebertaPreTrainedModel):
+    _tied_weights_keys = {
+        "lm_predictions.lm_head.decoder.weight": "deberta.embeddings.word_embeddings.weight",
+        "lm_predictions.lm_head.decoder.bias": "lm_predictions.lm_head.bias",
+    }
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__(config)
+        if config.uses_emd and config.embedding_size != config.hidden_size:
+            raise ValueError(
+                "DebertaForMaskedLM: the Enhanced Mask Decoder adds absolute position embeddings to hidden states, "
+                f"which needs embedding_size ({config.embedding_size}) == hidden_size ({config.hidden_size}); set "
+                "emd_steps=0 to use the plain LM head"
+            )
+        self.deberta = DebertaModel(config, with_positions=config.uses_emd)
+        self.lm_predictions = DebertaEnhancedMaskDecoder(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_predictions.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_predictions.lm_head.decoder = new_embeddings
+        if new_embeddings.bias is not None:
+            self.lm_predictions.lm_head.bias = new_embeddings.bias
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        decoder = self.lm_predictions
+        outputs = self.deberta(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=True if decoder.steps else output_hidden_states,
+            return_dict=True,
+        )
+        emd_inputs = {}
+        if decoder.steps:
+            deberta = self.deberta
+            device, seq_len = outputs.last_hidden_state.device, outputs.last_hidden_state.shape[1]
+            if position_ids is None:
+                position_ids = torch.arange(seq_len, device=device)[None]
+            _, mask = attention_masks(attention_mask, device)
+            positions = deberta.relative_positions(seq_len, device)
+            emd_inputs = dict(
+                layer=deberta.encoder.layer[-1],
+                kv_states=outputs.hidden_states[-2],  # the input of the last layer
+                position_embeddings=deberta.embeddings.position_embeddings(position_ids),
+                rel_embeddings=deberta.encoder.get_rel_embedding(positions),
+                relative_index=positions.index if positions is not None else None,
+                attention_mask=mask,
+            )
+        logits = decoder(outputs.last_hidden_state, **emd_inputs)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1).to(logits.device))
+        result = MaskedLMOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states if output_hidden_states else None,
+            attentions=outputs.attentions,
+        )
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+@dataclass
+class DebertaForReplacedTokenDetectionOutput(ModelOutput):
+    """Output of `DebertaForReplacedTokenDetection`: logits (B, L), one per token, > 0 meaning "replaced"."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+class DebertaMaskPredictionHead(nn.Module):
+    """DeBERTa-v3's discriminator head (official `mask_predictions`): LayerNorm(hidden + [CLS] hidden), dense,
+    activation, one logit per token."""
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        states = self.LayerNorm(hidden_states[:, :1] + hidden_states)
+        return self.classifier(self.transform_act_fn(self.dense(states))).squeeze(-1)
+
+
+class DebertaForReplacedTokenDetection(DebertaPreTrainedModel):
+    """Replaced token detection (the ELECTRA-style objective of DeBERTa-v3): labels are 1 for replaced tokens, 0 for
+    original ones; the loss is the mean binary cross-entropy over real (unpadded) tokens."""
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__(config)
+        self.deberta = DebertaModel(config)
+        self.mask_predictions = DebertaMaskPredictionHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> DebertaForReplacedTokenDetectionOutput | tuple:
+        outputs = self.deberta(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.mask_predictions(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            labels = labels.to(logits.device)
+            active = labels != -100
+            if attention_mask is not None and attention_mask.dim() == 2:
+                active = active & attention_mask.to(device=logits.device, dtype=torch.bool)
+            loss = BCEWithLogitsLoss()(logits[active].float(), labels[active].float())
+        result = DebertaForReplacedTokenDetectionOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+class DebertaContextPooler(nn.Module):
+    """The official pooler: dropout, dense and activation on the first token."""
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.pooler_hidden_size)
+        self.dropout = nn.Dropout(config.pooler_dropout)
+        self.activation = ACT2FN[config.pooler_hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(self.dropout(hidden_states[:, 0])))
+
+
+def _sequence_classification_loss(config, logits, labels, num_labels):
+    """The official DeBERTa loss: regression for one label; cross-entropy over labels >= 0 (negative labels are
+    ignored) for class indices; soft-label cross-entropy for a distribution per example; or the explicit
+    `problem_type`."""
+    labels = labels.to(logits.device)
+    if config.problem_type is None:
+        if num_labels == 1:
+            return MSELoss()(logits.view(-1).to(labels.dtype), labels.view(-1))
+        if labels.dim() == 1 or labels.size(-1) == 1:
+            labels = labels.view(-1)
+            keep = labels >= 0
+            if not keep.any():
+                return logits.sum() * 0.0
+            return CrossEntropyLoss()(logits[keep].float(), labels[keep].long())
+        return -(F.log_softmax(logits, dim=-1) * labels).sum(-1).mean()
+    if config.problem_type == "regression":
+        return MSELoss()(logits.squeeze(), labels.squeeze()) if num_labels == 1 else MSELoss()(logits, labels)
+    if config.problem_type == "single_label_classification":
+        return CrossEntropyLoss()(logits.view(-1, num_labels), labels.view(-1))
+    return BCEWithLogitsLoss()(logits, labels)
+
+
+class DebertaForSequenceClassification(DebertaPreTrainedModel):
+    def __init__(self, config: DebertaConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.deberta = DebertaModel(config)
+        self.pooler = DebertaContextPooler(config)
+        self.classifier = nn.Linear(config.pooler_hidden_size, config.num_labels)
+        dropout = config.cls_dropout if config.cls_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        outputs = self.deberta(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(self.pooler(outputs.last_hidden_state)))
+        loss = None
+        if labels is not None:
+            loss = _sequence_classification_loss(self.config, logits, labels, self.num_labels)
+        result = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+class DebertaForTokenClassification(DebertaPreTrainedModel):
+    def __init__(self, config: DebertaConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.deberta = DebertaModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        outputs = self.deberta(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1).to(logits.device))
+        result = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+class DebertaForQuestionAnswering(DebertaPreTrainedModel):
+    def __init__(self, config: DebertaConfig):
+        super().__init__(config)
+        self.deberta = DebertaModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        outputs = self.deberta(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # Positions outside the input are ignored, as in transformers' QA heads.
+            ignored_index = start_logits.size(1)
+            start_positions = start_positions.view(-1).clamp(0, ignored_index).to(start_logits.device)
+            end_positions = end_positions.view(-1).clamp(0, ignored_index).to(end_logits.device)
+            loss_fct = CrossEntropyLoss(ignore_index=ignored_index)
+            loss = (loss_fct(start_logits, start_positions) + loss_fct(end_logits, end_positions)) / 2
+        result = QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+class DebertaForMultipleChoice(DebertaPreTrainedModel):
+    """Multiple choice with the context pooler on each choice's first token, as transformers' DeBERTa-v2 does."""
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__(config)
+        self.deberta = DebertaModel(config)
+        self.pooler = DebertaContextPooler(config)
+        self.classifier = nn.Linear(config.pooler_hidden_size, 1)
+        dropout = config.cls_dropout if config.cls_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput | tuple:
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is None or reference.dim() < 3:
+            raise ValueError(
+                "DebertaForMultipleChoice expects input_ids of shape (batch, num_choices, seq_len) or inputs_embeds "
+                "of shape (batch, num_choices, seq_len, embedding_size)"
+            )
+        num_choices = reference.shape[1]
+
+        def flat(tensor, dims=2):
+            return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
+
+        outputs = self.deberta(
+            flat(input_ids),
+            attention_mask=flat(attention_mask),
+            token_type_ids=flat(token_type_ids),
+            position_ids=flat(position_ids),
+            inputs_embeds=flat(inputs_embeds, dims=3),
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        pooled = self.dropout(self.pooler(outputs.last_hidden_state))
+        logits = self.classifier(pooled).view(-1, num_choices)
+        loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
+        result = MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+__all__ = [
+    "DebertaForMaskedLM",
+    "DebertaForMultipleChoice",
+    "DebertaForQuestionAnswering",
+    "DebertaForReplacedTokenDetection",
+    "DebertaForReplacedTokenDetectionOutput",
+    "DebertaForSequenceClassification",
+    "DebertaForTokenClassification",
+    "DebertaModel",
+    "DebertaPreTrainedModel",
+    "gather_position_bias",
+    "log_bucket_position",
+    "position_score_tables",
+    "relative_positions",
+]
