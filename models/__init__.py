@@ -5,6 +5,19 @@ Importing the package registers every config and model with transformers' Auto c
 """
 
 from . import _registry
+from .deberta import AUTO_MAP as _DEBERTA_AUTO_MAP
+from .deberta import (
+    DebertaConfig,
+    DebertaForMaskedLM,
+    DebertaForMultipleChoice,
+    DebertaForQuestionAnswering,
+    DebertaForReplacedTokenDetection,
+    DebertaForSequenceClassification,
+    DebertaForTokenClassification,
+    DebertaModel,
+    DebertaPreTrainedModel,
+)
+from .deberta import modeling_deberta as _modeling_deberta
 from .roformer import AUTO_MAP as _ROFORMER_AUTO_MAP
 from .roformer import (
     RoFormerConfig,
@@ -23,8 +36,18 @@ from .roformer import modeling_roformer as _modeling_roformer
 __version__ = "0.1.0"
 
 _registry.register(RoFormerConfig, _ROFORMER_AUTO_MAP, _modeling_roformer)
+_registry.register(DebertaConfig, _DEBERTA_AUTO_MAP, _modeling_deberta)
 
 __all__ = [
+    "DebertaConfig",
+    "DebertaForMaskedLM",
+    "DebertaForMultipleChoice",
+    "DebertaForQuestionAnswering",
+    "DebertaForReplacedTokenDetection",
+    "DebertaForSequenceClassification",
+    "DebertaForTokenClassification",
+    "DebertaModel",
+    "DebertaPreTrainedModel",
     "RoFormerConfig",
     "RoFormerForCausalLM",
     "RoFormerForMaskedLM",
