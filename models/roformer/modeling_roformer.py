@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from torch.nn import CrossEntropyLoss
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
@@ -786,7 +786,7 @@ class RoFormerForMaskedLM(RoFormerPreTrainedModel):
         logits = self.cls(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1).to(logits.device))
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         result = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -861,23 +861,6 @@ def _maybe_tuple(output, return_dict, config):
     return output if return_dict else output.to_tuple()
 
 
-def _classification_loss(config, logits, labels, num_labels):
-    """Regression, single- or multi-label loss, chosen as transformers' heads choose it."""
-    labels = labels.to(logits.device)
-    if config.problem_type is None:
-        if num_labels == 1:
-            config.problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            config.problem_type = "single_label_classification"
-        else:
-            config.problem_type = "multi_label_classification"
-    if config.problem_type == "regression":
-        return MSELoss()(logits.squeeze(), labels.squeeze()) if num_labels == 1 else MSELoss()(logits, labels)
-    if config.problem_type == "single_label_classification":
-        return CrossEntropyLoss()(logits.view(-1, num_labels), labels.view(-1))
-    return BCEWithLogitsLoss()(logits, labels)
-
-
 class RoFormerClassificationHead(nn.Module):
     """Dense + activation + projection on the first token, as transformers' RoFormer does."""
 
@@ -927,7 +910,9 @@ class RoFormerForSequenceClassification(RoFormerPreTrainedModel):
             **kwargs,
         )
         logits = self.classifier(outputs.last_hidden_state)
-        loss = _classification_loss(self.config, logits, labels, self.num_labels) if labels is not None else None
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
         result = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1041,7 +1026,7 @@ class RoFormerForTokenClassification(RoFormerPreTrainedModel):
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1).to(logits.device))
+            loss = self.loss_function(logits, labels, self.config, **kwargs)
         result = TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1084,12 +1069,7 @@ class RoFormerForQuestionAnswering(RoFormerPreTrainedModel):
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
         loss = None
         if start_positions is not None and end_positions is not None:
-            # Positions outside the input are ignored, as in transformers' QA heads.
-            ignored_index = start_logits.size(1)
-            start_positions = start_positions.view(-1).clamp(0, ignored_index).to(start_logits.device)
-            end_positions = end_positions.view(-1).clamp(0, ignored_index).to(end_logits.device)
-            loss_fct = CrossEntropyLoss(ignore_index=ignored_index)
-            loss = (loss_fct(start_logits, start_positions) + loss_fct(end_logits, end_positions)) / 2
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
         result = QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits,

@@ -79,6 +79,19 @@ HEADS = [
 VARIANTS = [{}, {"rotary_value": True}, {"embedding_size": 16}]
 
 
+def head_labels(name, input_ids, attention_mask):
+    """Labels for each head, so that losses are compared too."""
+    if name in ("RoFormerForMaskedLM", "RoFormerForCausalLM"):
+        return {"labels": input_ids.masked_fill(attention_mask == 0, -100)}
+    if name == "RoFormerForSequenceClassification":
+        return {"labels": torch.tensor([0, 2, 1])}
+    if name == "RoFormerForTokenClassification":
+        return {"labels": (input_ids % 5).masked_fill(attention_mask == 0, -100)}
+    if name == "RoFormerForQuestionAnswering":
+        return {"start_positions": torch.tensor([1, 3, 40]), "end_positions": torch.tensor([4, 3, 2])}
+    return {}
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=["plain", "rotary_value", "embedding_size"])
 @pytest.mark.parametrize(("name", "our_class", "field", "head_kwargs"), HEADS, ids=[h[0] for h in HEADS])
 def test_parity_with_transformers(name, our_class, field, head_kwargs, variant, tmp_path):
@@ -87,11 +100,14 @@ def test_parity_with_transformers(name, our_class, field, head_kwargs, variant, 
     reference = getattr(transformers, name)(reference_config).eval()
     ours = load_ours_from_reference(reference, our_class, tmp_path)
     input_ids, attention_mask, token_type_ids = make_batch()
-    if head_kwargs.get("is_decoder"):  # a causal model with right padding: compare the real tokens
-        pass
+    labels = head_labels(name, input_ids, attention_mask)
     with torch.no_grad():
-        expected = reference(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        actual = ours(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        expected = reference(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **labels
+        )
+        actual = ours(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **labels)
+    if labels:
+        assert abs(expected.loss.item() - actual.loss.item()) <= TOL
     if field == "start_logits":
         assert max_diff_on_real_tokens(expected.end_logits, actual.end_logits, attention_mask) <= TOL
     if getattr(expected, field).shape[:2] == attention_mask.shape:
