@@ -18,6 +18,18 @@ from .deberta import (
     DebertaPreTrainedModel,
 )
 from .deberta import modeling_deberta as _modeling_deberta
+from .littlebird import AUTO_MAP as _LITTLEBIRD_AUTO_MAP
+from .littlebird import (
+    LittleBirdConfig,
+    LittleBirdForMaskedLM,
+    LittleBirdForMultipleChoice,
+    LittleBirdForQuestionAnswering,
+    LittleBirdForSequenceClassification,
+    LittleBirdForTokenClassification,
+    LittleBirdModel,
+    LittleBirdPreTrainedModel,
+)
+from .littlebird import modeling_littlebird as _modeling_littlebird
 from .roformer import AUTO_MAP as _ROFORMER_AUTO_MAP
 from .roformer import (
     RoFormerConfig,
@@ -37,6 +49,7 @@ __version__ = "0.1.0"
 
 _registry.register(RoFormerConfig, _ROFORMER_AUTO_MAP, _modeling_roformer)
 _registry.register(DebertaConfig, _DEBERTA_AUTO_MAP, _modeling_deberta)
+_registry.register(LittleBirdConfig, _LITTLEBIRD_AUTO_MAP, _modeling_littlebird)
 
 __all__ = [
     "DebertaConfig",
@@ -48,6 +61,14 @@ __all__ = [
     "DebertaForTokenClassification",
     "DebertaModel",
     "DebertaPreTrainedModel",
+    "LittleBirdConfig",
+    "LittleBirdForMaskedLM",
+    "LittleBirdForMultipleChoice",
+    "LittleBirdForQuestionAnswering",
+    "LittleBirdForSequenceClassification",
+    "LittleBirdForTokenClassification",
+    "LittleBirdModel",
+    "LittleBirdPreTrainedModel",
     "RoFormerConfig",
     "RoFormerForCausalLM",
     "RoFormerForMaskedLM",

@@ -1,0 +1,137 @@
+"""LittleBird configuration.
+
+LittleBird (Lee, Han, Shin, EMNLP 2022, arXiv 2210.11870) is a long-input encoder: pack/unpack attention (LUNA-style)
+carries global information, block sliding-window attention with a global first block carries local information, and
+BiALiBi biases are the only position signal, so there is no maximum length. Field names follow BERT's where they apply;
+the architecture, with every decision marked, is described in `modeling_littlebird.py`.
+"""
+
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+# Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
+# `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
+# `import posformers` registers the same classes with the Auto factories.
+AUTO_MAP = {
+    "AutoConfig": "configuration_littlebird.LittleBirdConfig",
+    "AutoModel": "modeling_littlebird.LittleBirdModel",
+    "AutoModelForMaskedLM": "modeling_littlebird.LittleBirdForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_littlebird.LittleBirdForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_littlebird.LittleBirdForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_littlebird.LittleBirdForQuestionAnswering",
+    "AutoModelForMultipleChoice": "modeling_littlebird.LittleBirdForMultipleChoice",
+}
+
+BIALIBI_INITS = ("alibi",)
+
+# The paper's two sizes (Table 1); block and pack length 64 for both.
+PRESETS = {
+    "littlebird-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "littlebird-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+}
+
+
+class LittleBirdConfig(PreTrainedConfig):
+    r"""
+    Configuration of a LittleBird model. Defaults give `littlebird-base`; `LittleBirdConfig.from_preset(name)` gives
+    the other size.
+
+    Args (beyond BERT's fields, which keep their meaning; there is no `max_position_embeddings`):
+        block_size (`int`, defaults to 64): tokens per block `b` of the sliding-window attention. Each query block
+            attends exactly 4 key blocks (block 0, its neighbours and itself), so every token sees `4 * b` tokens.
+        pack_length (`int`, defaults to 64): number `s` of pack states (LUNA's projected length) carried through the
+            layers; every token also attends the `s` unpacked keys.
+        bialibi_init (`str` or `float`, defaults to `"alibi"`): initial value of the BiALiBi slopes alpha, beta and
+            gamma of each head. `"alibi"` gives head `h = 1..H` the ALiBi slope `2^(-8h/H)`; a non-negative number
+            gives every head that value.
+    """
+
+    model_type = "littlebird"
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    block_size: int = 64
+    pack_length: int = 64
+    bialibi_init: str | float = "alibi"
+    tie_word_embeddings: bool = True
+    is_decoder: bool = False
+    add_cross_attention: bool = False
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.validate_fields()
+        self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "LittleBirdConfig":
+        """A config for one of the paper's sizes (`PRESETS`), with optional overrides."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown LittleBird preset {name!r}; choose one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def validate_fields(self):
+        """Check every field; runs on creation and again when a model is built (fields may change in between)."""
+
+        def positive(name):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"LittleBirdConfig.{name} must be a positive integer, got {value!r}")
+
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "block_size",
+            "pack_length",
+        ):
+            positive(name)
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"LittleBirdConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+            raise ValueError(f"LittleBirdConfig.type_vocab_size must be an integer >= 0, got {self.type_vocab_size!r}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"LittleBirdConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"LittleBirdConfig.layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"LittleBirdConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})"
+            )
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(
+                f"LittleBirdConfig.hidden_act must be one of transformers' activations, got {self.hidden_act!r}"
+            )
+        init = self.bialibi_init
+        is_number = isinstance(init, (int, float)) and not isinstance(init, bool)
+        if not (init in BIALIBI_INITS or (is_number and init >= 0)):
+            raise ValueError(
+                f"LittleBirdConfig.bialibi_init must be one of {BIALIBI_INITS} or a number >= 0, got {init!r}"
+            )
+        if self.is_decoder or self.add_cross_attention:
+            raise ValueError(
+                "LittleBirdConfig.is_decoder / add_cross_attention must be False: LittleBird is a bidirectional "
+                "encoder without cross-attention"
+            )
+
+
+__all__ = ["AUTO_MAP", "PRESETS", "LittleBirdConfig"]

@@ -1,0 +1,796 @@
+"""LittleBird: the block-sparse attention against a dense reference written here, BiALiBi against its formula, and the
+model's plumbing (padding, gradients, precision, saving, Auto classes, remote code, the Hub).
+
+The reference builds the full (L x L) score matrix, masks it with the sparsity pattern of the design note's table
+(written out as sets, not with the model's index arithmetic), adds the biases from the formula and takes one softmax.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from helpers import python_env, run_python
+from safetensors.torch import load_file, save_file
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import AutoConfig, AutoModel
+
+import posformers
+from posformers import (
+    LittleBirdConfig,
+    LittleBirdForMaskedLM,
+    LittleBirdForMultipleChoice,
+    LittleBirdForQuestionAnswering,
+    LittleBirdForSequenceClassification,
+    LittleBirdForTokenClassification,
+    LittleBirdModel,
+)
+from posformers.littlebird import (
+    AUTO_MAP,
+    BlockSparseLayout,
+    alibi_slopes,
+    bialibi_bias,
+    bialibi_distances,
+    modeling_littlebird,
+    packed_key_bias,
+    unpack_sliding_window_attention,
+    window_key_blocks,
+)
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+TINY = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    block_size=4,
+    pack_length=3,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+TOL = 1e-5
+HEADS = {auto: target.rsplit(".", 1)[1] for auto, target in AUTO_MAP.items() if auto != "AutoConfig"}
+
+
+def tiny_config(**overrides) -> LittleBirdConfig:
+    return LittleBirdConfig(**{**TINY, **overrides})
+
+
+def tiny_model(model_class=LittleBirdModel, seed=0, **overrides):
+    torch.manual_seed(seed)
+    model = model_class(tiny_config(**overrides)).eval()
+    randomize_slopes(model, seed)
+    return model
+
+
+def randomize_slopes(model, seed=0):
+    """Distinct positive alpha, beta, gamma per head and layer, so that mixing them up cannot go unnoticed."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, modeling_littlebird.LittleBirdSelfAttention):
+                for slope in (module.alpha, module.beta, module.gamma):
+                    slope.copy_(torch.rand(slope.shape, generator=generator) * 0.5 + 0.05)
+
+
+def right_padded_batch(lengths, seq_len, vocab=99, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, vocab, (len(lengths), seq_len), generator=generator)
+    attention_mask = (torch.arange(seq_len)[None, :] < torch.tensor(lengths)[:, None]).long()
+    input_ids = input_ids * attention_mask
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, seq_len // 3 :] = 1
+    return input_ids, attention_mask, token_type_ids
+
+
+def max_diff_on_real_tokens(a, b, attention_mask):
+    return (a - b)[attention_mask.bool()].abs().max().item()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The dense reference
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def reference_key_blocks(query_block: int, real_blocks: int) -> set[int]:
+    """The design note's table: the key blocks of a query block of a sequence whose real tokens fill `real_blocks`."""
+    m = real_blocks
+    if m < 4:
+        return set(range(m))  # a sequence of fewer than 4 blocks attends all of its blocks
+    q = min(query_block, m - 1)  # query blocks of padding only: anything finite will do
+    if q in (0, 1):
+        return {0, 1, 2, 3}
+    if q == m - 1:
+        return {0, m - 3, m - 2, m - 1}
+    return {0, q - 1, q, q + 1}
+
+
+def reference_bialibi(i, j, alpha, beta, gamma):
+    """The formula of the design note for positions i (Lq, 1) and j (1, Lk) -> (H, Lq, Lk)."""
+    i, j = i.double(), j.double()
+    alpha, beta, gamma = (slope.double()[:, None, None] for slope in (alpha, beta, gamma))
+    bias = torch.where(j > i, beta * (j - i), gamma * (i - j))
+    bias = torch.where((i == 0) | (j == 0), alpha, bias)
+    return torch.where(i == j, torch.zeros_like(bias), bias)
+
+
+def reference_pattern(seq_len: int, length: int, block_size: int) -> torch.Tensor:
+    """(L, L) bool: may query i see token j? j in one of i's key blocks, and j a real token."""
+    real_blocks = max(math.ceil(length / block_size), 1)
+    allowed = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for i in range(seq_len):
+        for block in reference_key_blocks(i // block_size, real_blocks):
+            allowed[i, block * block_size : min((block + 1) * block_size, length)] = True
+    return allowed
+
+
+def dense_attention(query, key, value, pack_key, pack_value, alpha, beta, gamma, lengths, block_size):
+    """Full scores over [s unpacked keys; L tokens], the pattern as a mask, the biases, one softmax.
+
+    query/key/value: (B, L, H, d_h); pack_key/pack_value: (B, s, H, d_h) -> context (B, L, H, d_h) and weights
+    (B, H, L, s + L).
+    """
+    batch, seq_len, heads, head_dim = query.shape
+    pack_length = pack_key.shape[1]
+    positions = torch.arange(seq_len)
+    token_bias = reference_bialibi(positions[:, None], positions[None, :], alpha, beta, gamma)
+    pack_bias = ((beta.double() + gamma.double()) / 2 * block_size)[:, None, None].expand(heads, seq_len, pack_length)
+    bias = torch.cat((pack_bias, token_bias), dim=-1).to(query.dtype)
+    contexts, all_weights = [], []
+    for example in range(batch):
+        keys = torch.cat((pack_key[example], key[example])).transpose(0, 1)  # (H, s + L, d_h)
+        values = torch.cat((pack_value[example], value[example])).transpose(0, 1)
+        scores = query[example].transpose(0, 1) @ keys.transpose(1, 2) / math.sqrt(head_dim) - bias
+        allowed = reference_pattern(seq_len, int(lengths[example]), block_size)
+        allowed = torch.cat((torch.ones(seq_len, pack_length, dtype=torch.bool), allowed), dim=-1)
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        contexts.append((weights @ values).transpose(0, 1))
+        all_weights.append(weights)
+    return torch.stack(contexts), torch.stack(all_weights)
+
+
+def blocked_weights_as_dense(weights, lengths, block_size, pack_length, seq_len):
+    """Scatter (B, H, n, b, w) block-sparse weights into (B, H, L, s + L) using the model's block table."""
+    batch, heads, n, b, _ = weights.shape
+    pack_columns = math.ceil(pack_length / b) * b
+    real_blocks = ((lengths + b - 1) // b).clamp_min(1)
+    key_blocks = window_key_blocks(real_blocks, n)  # (B, n, 4)
+    dense = weights.new_zeros(batch, heads, n, b, pack_length + (n + 4) * b)
+    dense[..., :pack_length] = weights[..., :pack_length]
+    for slot in range(4):
+        columns = pack_length + key_blocks[:, :, slot, None] * b + torch.arange(b)  # (B, n, b)
+        columns = columns[:, None, :, None, :].expand(batch, heads, n, b, b)
+        start = pack_columns + slot * b
+        dense.scatter_add_(-1, columns, weights[..., start : start + b])
+    assert weights[..., pack_length:pack_columns].abs().max() == 0 if pack_columns > pack_length else True
+    dense = dense.flatten(2, 3)[:, :, :seq_len]
+    assert dense[..., pack_length + seq_len :].abs().max() == 0, "weight on keys past the sequence"
+    return dense[..., : pack_length + seq_len]
+
+
+# (block_size, pack_length, seq_len, lengths): 1 to 6 blocks and beyond, lengths on and off block boundaries, pack
+# lengths below, equal to and above the block size, right-padded batches (one row all padding).
+ATTENTION_CASES = [
+    (4, 3, 1, [1]),
+    (4, 3, 4, [4]),
+    (4, 3, 7, [7]),
+    (4, 4, 12, [12]),
+    (4, 3, 14, [14]),
+    (4, 3, 16, [16]),
+    (4, 8, 18, [18]),
+    (4, 3, 20, [20]),
+    (4, 3, 23, [23]),
+    (4, 3, 24, [24]),
+    (4, 5, 45, [45]),
+    (8, 8, 64, [64]),
+    (4, 3, 30, [30, 17, 9, 4, 1, 0]),
+    (4, 6, 25, [25, 24, 13, 12, 8, 5]),
+    (8, 3, 70, [70, 33, 24, 15]),
+]
+
+
+def attention_inputs(seq_len, lengths, pack_length, heads=3, head_dim=8, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    batch = len(lengths)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    tensors = [randn(batch, seq_len, heads, head_dim) for _ in range(3)]
+    tensors += [randn(batch, pack_length, heads, head_dim) for _ in range(2)]
+    slopes = [torch.rand(heads, generator=generator) * 0.5 + 0.05 for _ in range(3)]
+    attention_mask = (torch.arange(seq_len)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return tensors, slopes, attention_mask
+
+
+@pytest.mark.parametrize("path", ["sdpa", "explicit", "grad"])
+@pytest.mark.parametrize(
+    ("block_size", "pack_length", "seq_len", "lengths"),
+    ATTENTION_CASES,
+    ids=[f"b{c[0]}-s{c[1]}-L{c[2]}" for c in ATTENTION_CASES],
+)
+def test_block_sparse_attention_matches_dense_reference(path, block_size, pack_length, seq_len, lengths):
+    (query, key, value, pack_key, pack_value), slopes, attention_mask = attention_inputs(seq_len, lengths, pack_length)
+    if path == "grad":
+        for slope in slopes:
+            slope.requires_grad_(True)
+    layout = BlockSparseLayout.build(
+        attention_mask, len(lengths), seq_len, block_size, pack_length, torch.float32, torch.device("cpu")
+    )
+    with torch.set_grad_enabled(path == "grad"):
+        context, weights = unpack_sliding_window_attention(
+            query, key, value, pack_key, pack_value, *slopes, layout, scaling=8**-0.5, need_weights=path == "explicit"
+        )
+    expected_context, expected_weights = dense_attention(
+        query, key, value, pack_key, pack_value, *(s.detach() for s in slopes), torch.tensor(lengths), block_size
+    )
+    real = attention_mask.bool()
+    assert context.shape == query.shape
+    assert torch.isfinite(context).all()
+    if real.any():
+        assert (context - expected_context)[real].abs().max().item() <= TOL
+    if path == "explicit":
+        dense = blocked_weights_as_dense(weights, torch.tensor(lengths), block_size, pack_length, seq_len)
+        assert (dense - expected_weights).transpose(1, 2)[real].abs().max().item() <= TOL
+
+
+def test_model_matches_model_with_dense_attention(monkeypatch):
+    """The whole model (K(Cp), V(Cp), masks, internal padding) with the dense reference in place of the kernel."""
+    model = tiny_model(LittleBirdModel, pack_length=5)
+    lengths = [27, 19, 6, 2]
+    input_ids, attention_mask, token_type_ids = right_padded_batch(lengths, 27)
+    with torch.no_grad():
+        actual = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+
+    def dense_kernel(query, key, value, pack_key, pack_value, alpha, beta, gamma, layout, **kwargs):
+        context, _ = dense_attention(
+            query, key, value, pack_key, pack_value, alpha, beta, gamma, torch.tensor(lengths), layout.block_size
+        )
+        return context, None
+
+    monkeypatch.setattr(modeling_littlebird, "unpack_sliding_window_attention", dense_kernel)
+    with torch.no_grad():
+        expected = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+    assert max_diff_on_real_tokens(actual.last_hidden_state, expected.last_hidden_state, attention_mask) <= TOL
+    assert (actual.pack_states - expected.pack_states).abs().max().item() <= TOL
+
+
+def test_gradients_of_the_kernel_match_finite_differences():
+    (query, key, value, pack_key, pack_value), slopes, attention_mask = attention_inputs(
+        13, [13, 9], pack_length=3, heads=2, head_dim=4
+    )
+    inputs = [t.double().requires_grad_(True) for t in (query, key, value, pack_key, pack_value, *slopes)]
+    layout = BlockSparseLayout.build(attention_mask, 2, 13, 4, 3, torch.float64, torch.device("cpu"))
+
+    def real_context(*tensors):
+        context, _ = unpack_sliding_window_attention(*tensors, layout, scaling=0.5)
+        return context[attention_mask.bool()]
+
+    assert torch.autograd.gradcheck(real_context, inputs, eps=1e-6, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sparsity pattern and BiALiBi
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("real_blocks", range(1, 10))
+def test_key_block_table_follows_the_design_note(real_blocks):
+    num_blocks = real_blocks + 2  # two blocks of padding in the batch
+    table = window_key_blocks(torch.tensor([real_blocks]), num_blocks)[0]
+    for query_block in range(real_blocks):
+        attended = {int(block) for block in table[query_block] if block < real_blocks}
+        assert attended == reference_key_blocks(query_block, real_blocks), query_block
+        assert len(set(table[query_block].tolist())) == 4  # the 4 slots never repeat a block
+
+
+# (query block, token changed, whether the query's output may change), for 8 blocks of 4 tokens and query token
+# 4 * query_block + 1. Query block 5 sees 0, 4, 5, 6; block 0 sees 0..3; block 7 (the last) sees 0, 5, 6, 7.
+PATTERN_CASES = [
+    (5, 9, False),  # block 2
+    (5, 30, False),  # block 7
+    (5, 16, True),  # block 4 = q - 1
+    (5, 27, True),  # block 6 = q + 1
+    (5, 2, True),  # block 0, global as keys
+    (5, 0, True),  # position 0
+    (0, 17, False),  # block 4, past the first query block's 0..3
+    (0, 14, True),  # block 3
+    (7, 18, False),  # block 4
+    (7, 20, True),  # block 5 = n - 3
+]
+
+
+@pytest.mark.parametrize(("query_block", "changed", "may_change"), PATTERN_CASES)
+def test_sparsity_pattern_in_a_one_layer_model(query_block, changed, may_change):
+    """With the pack attention's values zeroed, Cp no longer depends on the tokens: a query's output can then depend
+    only on the tokens of its key blocks (and on itself). Block 0 is global as keys only: query 0 sees no far block."""
+    model = tiny_model(LittleBirdModel, num_hidden_layers=1)
+    with torch.no_grad():
+        model.encoder.layer[0].pack_attention.value.weight.zero_()
+        model.encoder.layer[0].pack_attention.value.bias.zero_()
+    input_ids, _, _ = right_padded_batch([32], 32)
+    edited = input_ids.clone()
+    edited[0, changed] = (edited[0, changed] % 98) + 1
+    query = 4 * query_block + (1 if query_block else 0)
+    with torch.no_grad():
+        before = model(input_ids).last_hidden_state[0, query]
+        after = model(edited).last_hidden_state[0, query]
+    difference = (before - after).abs().max().item()
+    if may_change:
+        assert difference > 1e-5
+    else:
+        assert difference == 0.0
+
+
+def test_bialibi_values_follow_the_formula():
+    alpha, beta, gamma = torch.tensor([0.3, 1.5]), torch.tensor([0.5, 0.25]), torch.tensor([0.7, 2.0])
+    positions = torch.arange(6)
+    bias = bialibi_bias(bialibi_distances(positions[:, None], positions[None, :]), alpha, beta, gamma)
+    assert bias.shape == (2, 6, 6)
+    for h in range(2):
+        for i in range(6):
+            assert bias[h, i, i] == 0  # i == j, including position 0 itself
+        for j in range(1, 6):
+            assert bias[h, 0, j] == alpha[h] and bias[h, j, 0] == alpha[h]  # [CLS], not scaled by distance
+        assert bias[h, 2, 5] == pytest.approx(3 * beta[h].item())  # key after the query
+        assert bias[h, 5, 2] == pytest.approx(3 * gamma[h].item())  # key before the query
+        assert bias[h, 1, 2] == pytest.approx(beta[h].item()) and bias[h, 4, 1] == pytest.approx(3 * gamma[h].item())
+    torch.testing.assert_close(
+        bias.double(), reference_bialibi(positions[:, None], positions[None, :], alpha, beta, gamma)
+    )
+    assert torch.allclose(packed_key_bias(beta, gamma, 64), torch.tensor([38.4, 72.0]))
+
+
+def test_layout_biases_packed_keys_with_the_constant():
+    """The packed-key columns of the model's blocked distances give (beta + gamma) / 2 * b for every query."""
+    alpha, beta, gamma = torch.tensor([0.3]), torch.tensor([0.5]), torch.tensor([0.7])
+    layout = BlockSparseLayout.build(None, 1, 20, 4, 3, torch.float32, torch.device("cpu"))
+    distances = layout.distances.view(3, layout.num_blocks, 4, layout.keys_per_block)
+    bias = bialibi_bias(distances, alpha, beta, gamma)
+    assert torch.allclose(bias[..., :3], packed_key_bias(beta, gamma, 4))
+    assert (layout.key_mask.view(layout.num_blocks, 4, -1)[..., 3:4] == torch.finfo(torch.float32).min).all()
+
+
+def test_slopes_start_at_alibi_values_or_a_constant():
+    slopes = alibi_slopes(12)
+    assert torch.allclose(slopes, torch.tensor([2 ** (-8 * h / 12) for h in range(1, 13)]))
+    attention = LittleBirdModel(tiny_config()).encoder.layer[1].attention.self
+    for slope in (attention.alpha, attention.beta, attention.gamma):
+        assert torch.equal(slope.data, alibi_slopes(4))
+    attention = LittleBirdModel(tiny_config(bialibi_init=0.25)).encoder.layer[0].attention.self
+    assert torch.equal(attention.gamma.data, torch.full((4,), 0.25))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Padding, determinism, gradients, precision
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_outputs_at_real_tokens_do_not_depend_on_padding():
+    model = tiny_model(LittleBirdModel, pack_length=6)
+    lengths = [41, 29, 16, 13, 7, 1]
+    input_ids, attention_mask, token_type_ids = right_padded_batch(lengths, 41)
+    with torch.no_grad():
+        batched = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        longer = model(
+            torch.nn.functional.pad(input_ids, (0, 30)),
+            attention_mask=torch.nn.functional.pad(attention_mask, (0, 30)),
+            token_type_ids=torch.nn.functional.pad(token_type_ids, (0, 30)),
+        )
+        for row, length in enumerate(lengths):
+            alone = model(input_ids[row : row + 1, :length], token_type_ids=token_type_ids[row : row + 1, :length])
+            for output in (batched, longer):
+                diff = (output.last_hidden_state[row, :length] - alone.last_hidden_state[0]).abs().max().item()
+                assert diff <= TOL, (row, length, diff)
+                assert (output.pack_states[row] - alone.pack_states[0]).abs().max().item() <= TOL
+
+
+def test_forward_is_deterministic():
+    input_ids, attention_mask, _ = right_padded_batch([30, 11], 30)
+    model = tiny_model(LittleBirdForQuestionAnswering)
+    with torch.no_grad():
+        first = model(input_ids, attention_mask=attention_mask).start_logits
+        second = model(input_ids, attention_mask=attention_mask).start_logits
+        third = tiny_model(LittleBirdForQuestionAnswering)(input_ids, attention_mask=attention_mask).start_logits
+    assert torch.equal(first, second) and torch.equal(first, third)
+
+
+def test_gradients_reach_slopes_and_pack_embeddings():
+    model = tiny_model(LittleBirdForQuestionAnswering).train()
+    input_ids, attention_mask, _ = right_padded_batch([25, 14], 25)
+    output = model(
+        input_ids,
+        attention_mask=attention_mask,
+        start_positions=torch.tensor([3, 20]),
+        end_positions=torch.tensor([5, 9]),
+    )
+    output.loss.backward()
+    pack_embeddings = model.littlebird.embeddings.pack_embeddings
+    assert pack_embeddings.grad is not None and pack_embeddings.grad.abs().sum() > 0
+    for layer in model.littlebird.encoder.layer:
+        for slope in (layer.attention.self.alpha, layer.attention.self.beta, layer.attention.self.gamma):
+            assert slope.grad is not None and (slope.grad != 0).all()
+    # The final P' is an output that no head reads [design note], so only its LayerNorm gets no gradient.
+    last_pack_norm = f"littlebird.encoder.layer.{len(model.littlebird.encoder.layer) - 1}.pack_attention.LayerNorm."
+    without_grad = {name for name, parameter in model.named_parameters() if parameter.grad is None}
+    assert without_grad == {last_pack_norm + "weight", last_pack_norm + "bias"}
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    input_ids, attention_mask, _ = right_padded_batch([22, 9], 22)
+    gradients = []
+    for checkpointing in (False, True):
+        model = tiny_model(LittleBirdModel).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model(input_ids, attention_mask=attention_mask).last_hidden_state[attention_mask.bool()].sum().backward()
+        gradients.append({name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
+    assert gradients[0].keys() == gradients[1].keys()
+    for name, grad in gradients[0].items():
+        torch.testing.assert_close(gradients[1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_without_nan_including_all_padding_rows(dtype):
+    model = tiny_model(LittleBirdForQuestionAnswering).to(dtype)
+    input_ids, attention_mask, _ = right_padded_batch([37, 10, 0], 37)
+    with torch.no_grad():
+        output = model(input_ids, attention_mask=attention_mask, output_attentions=True)
+        fused = model(input_ids, attention_mask=attention_mask)
+    for tensor in (output.start_logits, output.end_logits, fused.start_logits, *output.attentions):
+        assert tensor.dtype == dtype and torch.isfinite(tensor).all()
+    model.train()
+    loss = model(
+        input_ids,
+        attention_mask=attention_mask,
+        start_positions=torch.tensor([1, 2, 0]),
+        end_positions=torch.tensor([4, 3, 0]),
+    ).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is None or torch.isfinite(parameter.grad).all(), name
+
+
+def test_attention_weights_are_returned_in_the_blocked_layout():
+    model = tiny_model(LittleBirdModel, pack_length=6)
+    input_ids, attention_mask, _ = right_padded_batch([21, 8], 21)
+    with torch.no_grad():
+        output = model(input_ids, attention_mask=attention_mask, output_attentions=True, output_hidden_states=True)
+        fused = model(input_ids, attention_mask=attention_mask)
+    assert max_diff_on_real_tokens(output.last_hidden_state, fused.last_hidden_state, attention_mask) <= TOL
+    assert len(output.attentions) == len(output.pack_attentions) == 2
+    assert output.attentions[0].shape == (2, 4, 6, 4, 2 * 4 + 4 * 4)  # pack blocks ceil(6 / 4) = 2, then 4 blocks
+    assert output.pack_attentions[0].shape == (2, 4, 6, 21)
+    torch.testing.assert_close(output.attentions[1].sum(-1), torch.ones(2, 4, 6, 4))
+    assert output.pack_attentions[0][1, :, :, 8:].abs().max() == 0  # padded keys
+    assert len(output.hidden_states) == len(output.pack_hidden_states) == 3
+    assert torch.equal(output.pack_hidden_states[0][0], model.embeddings.pack_embeddings)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an operator returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        for tensor in torch.utils._pytree.tree_leaves(output):
+            if isinstance(tensor, torch.Tensor):
+                self.numel = max(self.numel, tensor.numel())
+        return output
+
+
+def test_no_tensor_grows_with_length_squared():
+    """Memory O(B H L (s + 4b)): at L = 2048 an (L x L) matrix would dwarf every tensor the model makes."""
+    config = dict(block_size=16, pack_length=16, num_attention_heads=2)
+    model = tiny_model(LittleBirdForQuestionAnswering, **config)
+    seq_len = 2048
+    input_ids, attention_mask, _ = right_padded_batch([seq_len, 1500], seq_len)
+    with torch.no_grad(), LargestTensor() as largest:
+        model(input_ids, attention_mask=attention_mask)
+    heads, keys_per_query = 2, 16 + 4 * 16
+    assert largest.numel <= 3 * 2 * heads * seq_len * keys_per_query < seq_len * seq_len
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Heads, saving, Auto classes
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_heads_outputs_and_losses():
+    input_ids, attention_mask, token_type_ids = right_padded_batch([19, 12], 19)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+    mlm = tiny_model(LittleBirdForMaskedLM)
+    output = mlm(**inputs, labels=input_ids.masked_fill(attention_mask == 0, -100))
+    assert output.logits.shape == (2, 19, 99) and torch.isfinite(output.loss)
+    assert mlm.cls.predictions.decoder.weight is mlm.littlebird.embeddings.word_embeddings.weight
+    classifier = tiny_model(LittleBirdForSequenceClassification, num_labels=3)
+    assert classifier(**inputs, labels=torch.tensor([0, 2])).logits.shape == (2, 3)
+    tagger = tiny_model(LittleBirdForTokenClassification, num_labels=5)
+    assert torch.isfinite(tagger(**inputs, labels=torch.zeros_like(input_ids)).loss)
+    qa = tiny_model(LittleBirdForQuestionAnswering)
+    output = qa(**inputs, start_positions=torch.tensor([1, 30]), end_positions=torch.tensor([2, 3]))
+    assert output.start_logits.shape == output.end_logits.shape == (2, 19) and torch.isfinite(output.loss)
+    choices = tiny_model(LittleBirdForMultipleChoice)
+    stacked = {key: value[None].expand(3, -1, -1) for key, value in inputs.items()}
+    output = choices(**stacked, labels=torch.tensor([0, 1, 1]))
+    assert output.logits.shape == (3, 2) and torch.isfinite(output.loss)
+    with pytest.raises(ValueError, match="num_choices"):
+        choices(input_ids)
+
+
+def test_inputs_embeds_and_default_token_types():
+    model = tiny_model(LittleBirdModel)
+    input_ids, attention_mask, _ = right_padded_batch([15, 6], 15)
+    with torch.no_grad():
+        from_ids = model(input_ids, attention_mask=attention_mask).last_hidden_state
+        embeds = model.embeddings.word_embeddings(input_ids)
+        from_embeds = model(inputs_embeds=embeds, attention_mask=attention_mask).last_hidden_state
+        zeros = model(input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids))
+    assert torch.equal(from_ids, from_embeds)
+    assert torch.equal(from_ids, zeros.last_hidden_state)
+    assert not hasattr(LittleBirdModel(tiny_config(type_vocab_size=0)).embeddings, "token_type_embeddings")
+
+
+def test_save_load_round_trip_and_auto_classes(tmp_path):
+    model = tiny_model(LittleBirdForQuestionAnswering, bialibi_init=0.5)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
+    assert {"configuration_littlebird.py", "modeling_littlebird.py"} <= {p.name for p in tmp_path.iterdir()}
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "littlebird" and saved["auto_map"] == AUTO_MAP
+    assert "max_position_embeddings" not in saved
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert type(config) is LittleBirdConfig and config.bialibi_init == 0.5 and config.block_size == 4
+    reloaded = transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path).eval()
+    assert type(reloaded) is LittleBirdForQuestionAnswering
+    input_ids, attention_mask, _ = right_padded_batch([17, 5], 17)
+    with torch.no_grad():
+        assert torch.equal(
+            model(input_ids, attention_mask=attention_mask).start_logits,
+            reloaded(input_ids, attention_mask=attention_mask).start_logits,
+        )
+    assert torch.equal(
+        reloaded.littlebird.encoder.layer[1].attention.self.beta, model.littlebird.encoder.layer[1].attention.self.beta
+    )
+    assert type(AutoModel.from_pretrained(tmp_path)) is LittleBirdModel
+
+
+@pytest.mark.parametrize("auto_name", sorted(HEADS))
+def test_auto_classes_build_littlebird_heads(auto_name):
+    assert transformers.CONFIG_MAPPING["littlebird"] is LittleBirdConfig
+    model = getattr(transformers, auto_name).from_config(tiny_config())
+    assert type(model).__name__ == HEADS[auto_name] and type(model).__module__.startswith("posformers.littlebird")
+    assert getattr(posformers, HEADS[auto_name]) is type(model)
+
+
+def test_presets():
+    base, large = LittleBirdConfig.from_preset("littlebird-base"), LittleBirdConfig.from_preset("littlebird-large")
+    assert (base.num_hidden_layers, base.hidden_size, base.num_attention_heads, base.intermediate_size) == (
+        12,
+        768,
+        12,
+        3072,
+    )
+    assert (large.num_hidden_layers, large.hidden_size, large.num_attention_heads, large.intermediate_size) == (
+        24,
+        1024,
+        16,
+        4096,
+    )
+    assert base.block_size == large.block_size == base.pack_length == large.pack_length == 64
+    assert LittleBirdConfig.from_preset("littlebird-large", pack_length=32).pack_length == 32
+    with pytest.raises(ValueError, match="Unknown LittleBird preset"):
+        LittleBirdConfig.from_preset("littlebird-huge")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad configs and inputs
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"hidden_size": 30}, "divisible by num_attention_heads"),
+        ({"block_size": 0}, "block_size must be a positive integer"),
+        ({"pack_length": -2}, "pack_length must be a positive integer"),
+        ({"block_size": 4.0}, "block_size must be a positive integer"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),
+        ({"vocab_size": True}, "vocab_size must be a positive integer"),
+        ({"type_vocab_size": -1}, "type_vocab_size must be an integer >= 0"),
+        ({"hidden_dropout_prob": 1.0}, "hidden_dropout_prob must be in"),
+        ({"attention_probs_dropout_prob": -0.1}, "attention_probs_dropout_prob must be in"),
+        ({"layer_norm_eps": 0}, "layer_norm_eps must be positive"),
+        ({"pad_token_id": 500}, "pad_token_id"),
+        ({"hidden_act": "swishy"}, "hidden_act must be one of"),
+        ({"bialibi_init": "uniform"}, "bialibi_init must be one of"),
+        ({"bialibi_init": -1.0}, "bialibi_init must be one of"),
+        ({"is_decoder": True}, "bidirectional encoder"),
+        ({"add_cross_attention": True}, "bidirectional encoder"),
+    ],
+)
+def test_config_validation(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**overrides)
+
+
+def test_config_is_validated_again_when_a_model_is_built():
+    config = tiny_config()
+    config.block_size = 0
+    with pytest.raises(ValueError, match="block_size"):
+        LittleBirdModel(config)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"input_ids": torch.ones(2, 5, dtype=torch.long), "inputs_embeds": torch.zeros(2, 5, 32)}, "got both"),
+        ({}, "got neither"),
+        ({"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.ones(2, 6)}, "attention_mask must"),
+        (
+            {"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.ones(2, 1, 5, 5)},
+            "attention_mask must",
+        ),
+        (
+            {
+                "input_ids": torch.ones(2, 5, dtype=torch.long),
+                "attention_mask": torch.tensor([[1] * 5, [0, 0, 1, 1, 1]]),
+            },
+            "right-padded",
+        ),
+        (
+            {"input_ids": torch.ones(2, 5, dtype=torch.long), "token_type_ids": torch.ones(2, 4, dtype=torch.long)},
+            "token_type_ids has shape",
+        ),
+        (
+            {"input_ids": torch.ones(2, 5, dtype=torch.long), "token_type_ids": torch.full((2, 5), 7)},
+            "token_type_ids must",
+        ),
+        ({"input_ids": torch.full((2, 5), 99)}, r"input_ids must lie in \[0, 99\)"),
+        ({"input_ids": torch.ones(5, dtype=torch.long)}, "input_ids must have shape"),
+        ({"inputs_embeds": torch.zeros(2, 5, 31)}, "inputs_embeds must have shape"),
+        ({"input_ids": torch.ones(2, 0, dtype=torch.long)}, "empty"),
+    ],
+)
+def test_bad_inputs_give_clear_errors(kwargs, message):
+    model = LittleBirdModel(tiny_config()).eval()
+    with pytest.raises(ValueError, match=message):
+        model(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A long real document
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_korquad_page_runs_end_to_end_at_full_length():
+    """A KorQuAD 2.1 Wikipedia page (~10k characters) with its question, tokenized with bert-base-chinese's WordPiece
+    vocabulary (Hangul is split into jamo), through the QA head at its full length, forward and backward."""
+    document = json.loads((SHARED / "data/qa/korquad2_sample/korquad2.1_dev_00.json").read_text())["data"][0]
+    qa = document["qas"][0]
+    tokenizer = transformers.BertTokenizer.from_pretrained(SHARED / "data/vocab/bert-base-chinese")
+    encoding = tokenizer(qa["question"], document["context"], return_offsets_mapping=True, return_tensors="pt")
+    seq_len = encoding["input_ids"].shape[1]
+    assert len(document["context"]) > 10_000 and seq_len > 10_000
+    answer_start = qa["answer"]["answer_start"]
+    answer_end = answer_start + len(qa["answer"]["text"])
+    in_context = torch.tensor([sequence == 1 for sequence in encoding.sequence_ids()])
+    offsets = encoding.pop("offset_mapping")[0]
+    answer_tokens = torch.nonzero(in_context & (offsets[:, 0] < answer_end) & (offsets[:, 1] > answer_start))[:, 0]
+    assert len(answer_tokens) > 0
+
+    config = tiny_config(vocab_size=tokenizer.vocab_size, block_size=64, pack_length=64, hidden_size=64)
+    torch.manual_seed(0)
+    model = LittleBirdForQuestionAnswering(config).train()
+    output = model(**encoding, start_positions=answer_tokens[:1], end_positions=answer_tokens[-1:])
+    assert output.start_logits.shape == output.end_logits.shape == (1, seq_len)
+    assert torch.isfinite(output.start_logits).all() and torch.isfinite(output.loss)
+    output.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Remote code and the Hub
+# ---------------------------------------------------------------------------------------------------------------------
+
+# Loads each job's model with its Auto class and trust_remote_code=True, saves its outputs, says what it loaded.
+CHILD_LOAD = """
+import torch, transformers
+from safetensors.torch import load_file, save_file
+
+result = {"posformers_found": POSFORMERS_FOUND, "models": {}}
+for job in ARGS["jobs"]:
+    model = getattr(transformers, job["auto"]).from_pretrained(job["source"], trust_remote_code=True)
+    with torch.no_grad():
+        output = model(**load_file(job["inputs"]))
+    save_file({k: v.contiguous() for k, v in output.items() if isinstance(v, torch.Tensor)}, job["outputs"])
+    result["models"][job["name"]] = {"class": type(model).__name__, "module": type(model).__module__}
+print(json.dumps(result))
+"""
+
+CHILD_PUSH = """
+import posformers
+from transformers import AutoModelForQuestionAnswering
+
+model = AutoModelForQuestionAnswering.from_pretrained(ARGS["model_dir"])
+print(json.dumps({"commit": model.push_to_hub(ARGS["repo"]).oid}))
+"""
+
+
+def head_inputs(auto_name: str) -> dict[str, torch.Tensor]:
+    input_ids, attention_mask, token_type_ids = right_padded_batch([13, 6], 13)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+    if auto_name == "AutoModelForMultipleChoice":
+        inputs = {key: value[None].expand(2, -1, -1).contiguous() for key, value in inputs.items()}
+    return inputs
+
+
+def tensor_outputs(model, inputs) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        return {key: value for key, value in model(**inputs).items() if isinstance(value, torch.Tensor)}
+
+
+def load_job(name, auto_name, source, workdir: Path) -> dict:
+    inputs, outputs = workdir / f"{name}-inputs.safetensors", workdir / f"{name}-outputs.safetensors"
+    save_file(head_inputs(auto_name), str(inputs))
+    return {"name": name, "auto": auto_name, "source": str(source), "inputs": str(inputs), "outputs": str(outputs)}
+
+
+def assert_child_loaded(result, job, expected):
+    loaded = result["models"][job["name"]]
+    assert loaded["module"].startswith("transformers_modules.") and loaded["class"] == HEADS[job["auto"]]
+    actual = load_file(job["outputs"])
+    assert sorted(actual) == sorted(expected)
+    for key, value in expected.items():
+        assert (actual[key] - value).abs().max().item() <= 1e-6, key
+
+
+@pytest.mark.slow
+def test_remote_code_loads_every_head_in_a_process_without_posformers(tmp_path):
+    jobs, expected = [], {}
+    for auto_name, class_name in sorted(HEADS.items()):
+        model = tiny_model(getattr(posformers, class_name))
+        model.save_pretrained(tmp_path / class_name)
+        jobs.append(load_job(class_name, auto_name, tmp_path / class_name, tmp_path))
+        expected[class_name] = tensor_outputs(model, head_inputs(auto_name))
+    result = run_python(
+        CHILD_LOAD, {"jobs": jobs}, env=python_env(tmp_path / "hf-home"), cwd=tmp_path, without_posformers=True
+    )
+    assert result["posformers_found"] is False
+    for job in jobs:
+        assert_child_loaded(result, job, expected[job["name"]])
+
+
+@pytest.mark.slow
+def test_push_to_hub_and_load_from_the_hub_without_posformers(hub_server, tmp_path):
+    repo = "posformers-test/tiny-littlebird-qa"
+    model = tiny_model(LittleBirdForQuestionAnswering, seed=3)
+    model.save_pretrained(tmp_path / "qa")
+    env = python_env(tmp_path / "hf-home-push", endpoint=hub_server.url)
+    run_python(CHILD_PUSH, {"model_dir": str(tmp_path / "qa"), "repo": repo}, env=env, cwd=tmp_path)
+
+    files = set(hub_server.list_files(repo))
+    assert {
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "configuration_littlebird.py",
+        "modeling_littlebird.py",
+    } <= files
+    assert json.loads(hub_server.read_file(repo, "config.json"))["auto_map"] == AUTO_MAP
+    card = hub_server.read_file(repo, "README.md").decode()
+    assert "pipeline_tag: question-answering" in card and "- littlebird" in card
+
+    job = load_job("qa", "AutoModelForQuestionAnswering", repo, tmp_path)
+    env = python_env(tmp_path / "hf-home-load", endpoint=hub_server.url)
+    result = run_python(CHILD_LOAD, {"jobs": [job]}, env=env, cwd=tmp_path, without_posformers=True)
+    assert result["posformers_found"] is False
+    assert_child_loaded(result, job, tensor_outputs(model, head_inputs("AutoModelForQuestionAnswering")))
