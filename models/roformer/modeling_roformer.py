@@ -653,6 +653,11 @@ class RoFormerModel(RoFormerPreTrainedModel):
         position_embeddings = self.rotary_emb(position_ids, past_length + seq_len, hidden_states.dtype)
 
         key_padding_mask = None
+        if config.attention_kernel == "linear" and attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError(
+                "attention_kernel='linear' takes a 2D attention_mask (batch, seq_len) of real tokens; a 4D mask "
+                "cannot be applied to linear attention"
+            )
         if attention_mask is not None and attention_mask.dim() == 2:
             key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
         if config.is_decoder:

@@ -748,6 +748,12 @@ def test_bad_inputs_give_clear_errors(kwargs, message):
         model(**kwargs)
 
 
+def test_linear_kernel_refuses_4d_masks():
+    model = RoFormerModel(tiny_config(attention_kernel="linear"))
+    with pytest.raises(ValueError, match="takes a 2D attention_mask"):
+        model(torch.ones(1, 5, dtype=torch.long), attention_mask=torch.ones(1, 1, 5, 5, dtype=torch.bool))
+
+
 def test_multiple_choice_needs_a_choice_dimension():
     model = RoFormerForMultipleChoice(tiny_config())
     with pytest.raises(ValueError, match="num_choices"):
