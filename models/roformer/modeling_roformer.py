@@ -107,24 +107,36 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float =
     return (angles.cos() * scale).float(), (angles.sin() * scale).float()
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
-    """Rotate the first `r = 2 * cos.shape[-1]` features of each head of `x`; the rest pass through.
+def expand_cos_sin(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lay the (..., r/2) tables out over the r rotated features, with the sign of each rotation folded into sin.
 
-    x: (B, H, L, D); cos, sin: (B or 1, 1, L, r/2). "interleaved" pairs features (2i, 2i+1), as RoFormer and GPT-J do;
-    "half" pairs (i, i + r/2), as GPT-NeoX and LLaMA do.
+    Done once per forward so that each projection pays one swap, one multiply and one fused multiply-add.
+    "interleaved": cos -> [c0, c0, c1, c1, ...], sin -> [-s0, s0, -s1, s1, ...];
+    "half":        cos -> [c0 .. c_{r/2-1}, c0 .. c_{r/2-1}], sin -> [-s0 .. -s_{r/2-1}, s0 .. s_{r/2-1}].
     """
-    half = cos.shape[-1]
-    rot, passthrough = x[..., : 2 * half], x[..., 2 * half :]
     if layout == "interleaved":
-        pairs = rot.unflatten(-1, (half, 2))  # (B, H, L, r/2, 2)
-        even, odd = pairs[..., 0], pairs[..., 1]
-        rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+        return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """Rotate the first `r = cos.shape[-1]` features of each head of `x`; the rest pass through.
+
+    x: (B, H, L, D); cos, sin: (B or 1, 1, L, r) from `expand_cos_sin`. "interleaved" rotates feature pairs
+    (2i, 2i+1), as RoFormer and GPT-J do; "half" rotates (i, i + r/2), as GPT-NeoX and LLaMA do:
+    x'_a = x_a cos - x_b sin, x'_b = x_b cos + x_a sin for each pair (a, b).
+    """
+    r = cos.shape[-1]
+    rot = x[..., :r]
+    if layout == "interleaved":
+        pairs = rot.unflatten(-1, (r // 2, 2))  # (B, H, L, r/2, 2)
+        swapped = torch.stack((pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
     else:
-        first, second = rot[..., :half], rot[..., half:]
-        rotated = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
-    if passthrough.shape[-1] == 0:
+        swapped = torch.cat((rot[..., r // 2 :], rot[..., : r // 2]), dim=-1)
+    rotated = torch.addcmul(rot * cos, swapped, sin)
+    if r == x.shape[-1]:
         return rotated
-    return torch.cat((rotated, passthrough), dim=-1)
+    return torch.cat((rotated, x[..., r:]), dim=-1)
 
 
 def rope_layout_permutation(head_dim: int, rotary_dim: int, source: str, target: str) -> torch.Tensor:
@@ -168,9 +180,6 @@ def convert_rope_layout(model: "RoFormerPreTrainedModel", target_layout: str) ->
                 if isinstance(module, RoFormerAttention):
                     module.output.dense.weight.copy_(module.output.dense.weight[:, perm])
     config.rope_layout = target_layout
-    for module in model.modules():
-        if isinstance(module, RoFormerSelfAttention):
-            module.rope_layout = target_layout
     return model
 
 
@@ -202,7 +211,8 @@ class RoFormerRotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor, total_length: int, dtype: torch.dtype):
-        """position_ids: (B or 1, L) -> cos, sin of shape (B or 1, 1, L, rotary_dim / 2) in `dtype`."""
+        """position_ids: (B or 1, L) -> cos, sin of shape (B or 1, 1, L, rotary_dim) in `dtype`, laid out for
+        `apply_rotary` in the config's current `rope_layout`."""
         max_cached = self.config.max_position_embeddings
         if total_length > max_cached and not self.dynamic and not self.config.rope_scaling:
             logger.warning_once(
@@ -213,7 +223,8 @@ class RoFormerRotaryEmbedding(nn.Module):
             cos, sin = self.compute_tables(position_ids, seq_len=total_length)
         else:
             cos, sin = self.cos_cached[position_ids], self.sin_cached[position_ids]
-        return cos[:, None].to(dtype), sin[:, None].to(dtype)
+        cos, sin = expand_cos_sin(cos[:, None].to(dtype), sin[:, None].to(dtype), self.config.rope_layout)
+        return cos, sin
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -349,7 +360,6 @@ class RoFormerSelfAttention(nn.Module):
         # The sdpa integration reads `is_causal` from the module and treats a missing attribute as causal.
         self.is_causal = config.is_decoder
         self.rotary_value = config.rotary_value
-        self.rope_layout = config.rope_layout
         self.linear_kernel = config.attention_kernel == "linear"
         self.layer_idx = layer_idx
 
@@ -375,10 +385,10 @@ class RoFormerSelfAttention(nn.Module):
                 query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions
             )
 
-        query = apply_rotary(query, cos, sin, self.rope_layout)
-        key = apply_rotary(key, cos, sin, self.rope_layout)
+        query = apply_rotary(query, cos, sin, self.config.rope_layout)
+        key = apply_rotary(key, cos, sin, self.config.rope_layout)
         if self.rotary_value:
-            value = apply_rotary(value, cos, sin, self.rope_layout)
+            value = apply_rotary(value, cos, sin, self.config.rope_layout)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
 
@@ -408,10 +418,10 @@ class RoFormerSelfAttention(nn.Module):
     def _linear_forward(self, query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions):
         batch_size, _, seq_len, head_dim = query.shape
         query_features, key_features = elu_feature_map(query), elu_feature_map(key)
-        rotated_query = apply_rotary(query_features, cos, sin, self.rope_layout)
-        rotated_key = apply_rotary(key_features, cos, sin, self.rope_layout)
+        rotated_query = apply_rotary(query_features, cos, sin, self.config.rope_layout)
+        rotated_key = apply_rotary(key_features, cos, sin, self.config.rope_layout)
         if self.rotary_value:
-            value = apply_rotary(value, cos, sin, self.rope_layout)
+            value = apply_rotary(value, cos, sin, self.config.rope_layout)
         if past_key_values is not None:
             # The cache keeps rotated and plain key features side by side: the numerator needs one, the denominator
             # the other.
