@@ -80,14 +80,25 @@ def _farthest_bucket(distance: int, bucket_size: int, max_position: int) -> int:
 class RelativePositions:
     """Which rows of the relative embedding table a length-L self-attention uses, and where.
 
-    index: (L, L) long; `index[i, j]` is the row (counted from `first_row`) holding the embedding of query i's
-    relative position to key j. Rows `first_row .. first_row + num_rows - 1` of the (2k, hidden) table are the only
-    ones any pair reaches, so only they are normalised and projected.
+    Rows `first_row .. first_row + num_rows - 1` of the (2k, hidden) table are the only ones any query/key pair
+    reaches, so only they are projected. With `r(i, j)` the row (counted from `first_row`) holding the embedding of
+    query i's position relative to key j:
+
+    c2p_index: (L, L) long, `num_rows - 1 - r(i, j)`: the column of the content-to-position table, whose rows run in
+        reverse so that each query reads its table row front to back (r(i, j) decreases along j);
+    p2c_index: (L, L) long, `r(i, j)`: the row of the position-to-content table for query i and key j.
+    table_key: identifies the relative table's parameters when the layers may reuse their projections of it
+        (inference), else None.
+    workspace: in inference, the (B, H, L, R) tables and (B, H, L, L) bias every layer writes go to buffers shared
+        by the layers: fresh multi-megabyte allocations cost page faults on every layer otherwise.
     """
 
-    index: torch.Tensor
+    c2p_index: torch.Tensor
+    p2c_index: torch.Tensor
     first_row: int
     num_rows: int
+    table_key: tuple | None = None  # set by the encoder when position projections may be cached
+    workspace: dict | None = None  # inference only: buffers the layers reuse instead of allocating their own
 
 
 def relative_positions(length: int, config: DebertaConfig, device: torch.device) -> RelativePositions:
@@ -105,45 +116,77 @@ def relative_positions(length: int, config: DebertaConfig, device: torch.device)
     rows = (distances + span).clamp(0, 2 * span - 1)  # (2L - 1,), non-decreasing in i - j
     farthest = _farthest_bucket(length - 1, buckets, max_position) if buckets > 0 else length - 1
     first_row = max(span - farthest, 0)
-    last_row = min(span + farthest, 2 * span - 1)
+    num_rows = min(span + farthest, 2 * span - 1) - first_row + 1
     positions = torch.arange(length, device=device)
     index = rows[positions[:, None] - positions[None, :] + (length - 1)] - first_row  # (L, L)
-    return RelativePositions(index=index, first_row=first_row, num_rows=last_row - first_row + 1)
+    return RelativePositions(c2p_index=(num_rows - 1) - index, p2c_index=index, first_row=first_row, num_rows=num_rows)
+
+
+def _buffer(workspace: dict | None, name: str, shape, like: torch.Tensor) -> torch.Tensor | None:
+    """A reusable buffer from `workspace` (None without one)."""
+    if workspace is None:
+        return None
+    buffer = workspace.get(name)
+    if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or buffer.device != like.device:
+        buffer = workspace[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return buffer
 
 
 def position_score_tables(
-    query: torch.Tensor, key: torch.Tensor, pos_key: torch.Tensor | None, pos_query: torch.Tensor | None
+    query: torch.Tensor,
+    key: torch.Tensor,
+    pos_key: torch.Tensor | None,
+    pos_query: torch.Tensor | None,
+    workspace: dict | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The two small tables the disentangled scores are read from.
 
-    query, key: (B, H, L, D), the query already scaled; pos_key, pos_query: (H, R, D) projections of the R used
-    relative embedding rows, pos_query scaled like the query (or None when the term is off).
+    query, key: (B, H, L, D); pos_key, pos_query: (H, R, D) projections of the R used relative embedding rows, already
+    scaled, pos_key in reverse row order (or None when the term is off).
     Returns c2p_table (B, H, L, R) = query . pos_key (content-to-position: every query against every relative row)
     and p2c_table (B, H, R, L) = pos_query . key (position-to-content: every relative row against every key).
     """
-    c2p_table = torch.matmul(query, pos_key.transpose(-1, -2)) if pos_key is not None else None
-    p2c_table = torch.matmul(pos_query, key.transpose(-1, -2)) if pos_query is not None else None
+    batch, heads, length = query.shape[:3]
+    c2p_table = p2c_table = None
+    if pos_key is not None:
+        out = _buffer(workspace, "c2p_table", (batch, heads, length, pos_key.shape[1]), query)
+        c2p_table = torch.matmul(query, pos_key.transpose(-1, -2), out=out)
+    if pos_query is not None:
+        out = _buffer(workspace, "p2c_table", (batch, heads, pos_query.shape[1], length), query)
+        p2c_table = torch.matmul(pos_query, key.transpose(-1, -2), out=out)
     return c2p_table, p2c_table
 
 
 def gather_position_bias(
-    c2p_table: torch.Tensor | None, p2c_table: torch.Tensor | None, index: torch.Tensor
+    c2p_table: torch.Tensor | None, p2c_table: torch.Tensor | None, positions: RelativePositions
 ) -> torch.Tensor | None:
-    """The (B, H, L, L) additive score bias: `c2p[i, j] = c2p_table[i, r(i, j)]`, `p2c[i, j] = p2c_table[r(i, j), j]`.
+    """The (B, H, L, L) additive score bias `c2p + p2c`, both read query-major with one index per query/key pair:
+    `c2p[i, j] = c2p_table[i, c2p_index[i, j]]`, `p2c[i, j] = p2c_table[p2c_index[i, j], j]`.
 
-    One index per query/key pair (index: (L, L), broadcast over batch and heads without a copy), as the official
-    code indexes both terms with the same `c2p_pos`.
+    The (L, L) indices broadcast over batch and heads without a copy; both terms index the same relative row, as the
+    official code's shared `c2p_pos` does.
     """
     reference = c2p_table if c2p_table is not None else p2c_table
     if reference is None:
         return None
-    batch, heads = reference.shape[:2]
-    index = index.expand(batch, heads, *index.shape)
-    bias = torch.gather(c2p_table, -1, index) if c2p_table is not None else None
+    batch, heads, length = reference.shape[0], reference.shape[1], positions.c2p_index.shape[0]
+    shape = (batch, heads, length, length)
+    bias = None
+    if c2p_table is not None:
+        out = _buffer(positions.workspace, "bias", shape, reference)
+        bias = torch.gather(c2p_table, -1, positions.c2p_index.expand(shape), out=out)
     if p2c_table is not None:
-        p2c = torch.gather(p2c_table, -2, index)
+        out = _buffer(positions.workspace, "bias" if bias is None else "p2c", shape, reference)
+        p2c = torch.gather(p2c_table, -2, positions.p2c_index.expand(shape), out=out)
         bias = p2c if bias is None else bias.add_(p2c)
     return bias
+
+
+def _cache_key(*tensors) -> tuple:
+    """Identity of the current values of some parameters: storage, in-place version, dtype and device."""
+    return tuple(
+        (t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)) if t is not None else None for t in tensors
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -194,11 +237,11 @@ class DebertaEmbeddings(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def eager_attention(query, key, value, position_bias, attention_mask, dropout: float, training: bool):
-    """Softmax attention with an additive position bias. query (pre-scaled), key, value: (B, H, L, D);
-    position_bias: (B, H, L, L) or None; attention_mask: bool, True = attend, broadcastable to (B, H, L, L), or None.
-    Returns ((B, L, H, D), weights (B, H, L, L))."""
-    scores = torch.matmul(query, key.transpose(-1, -2))
+def eager_attention(query, key, value, position_bias, attention_mask, scaling: float, dropout: float, training: bool):
+    """Softmax attention with an additive position bias. query, key, value: (B, H, L, D); position_bias:
+    (B, H, L, L), already scaled, or None; attention_mask: bool, True = attend, broadcastable to (B, H, L, L), or
+    None. Returns ((B, L, H, D), weights (B, H, L, L))."""
+    scores = torch.matmul(query * scaling, key.transpose(-1, -2))
     if position_bias is not None:
         scores = scores + position_bias
     if attention_mask is not None:
@@ -208,7 +251,7 @@ def eager_attention(query, key, value, position_bias, attention_mask, dropout: f
     return torch.matmul(weights, value).transpose(1, 2), weights
 
 
-def sdpa_attention(query, key, value, position_bias, attention_mask, dropout: float, training: bool):
+def sdpa_attention(query, key, value, position_bias, attention_mask, scaling: float, dropout: float, training: bool):
     """`scaled_dot_product_attention` with the position bias as a float mask (padding filled with the dtype's
     minimum, never -inf). Same arguments and output layout as `eager_attention`, without weights."""
     if position_bias is None:
@@ -218,12 +261,14 @@ def sdpa_attention(query, key, value, position_bias, attention_mask, dropout: fl
     else:
         mask = position_bias.masked_fill_(~attention_mask, torch.finfo(position_bias.dtype).min)
     context = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout if training else 0.0, scale=1.0
+        query, key, value, attn_mask=mask, dropout_p=dropout if training else 0.0, scale=scaling
     )
     return context.transpose(1, 2), None
 
 
-def flex_attention(query, key, value, c2p_table, p2c_table, index, attention_mask, dropout: float, training: bool):
+def flex_attention(
+    query, key, value, c2p_table, p2c_table, positions, attention_mask, scaling: float, dropout: float, training: bool
+):
     """FlexAttention with the disentangled scores read from the (L x R) tables inside the kernel: the (L x L) bias is
     never materialised. attention_mask must be a key mask, (B, 1, 1, L), or None."""
     from transformers.integrations.flex_attention import compile_friendly_flex_attention
@@ -231,18 +276,19 @@ def flex_attention(query, key, value, c2p_table, p2c_table, index, attention_mas
     if training and dropout > 0:
         raise ValueError("attn_implementation='flex_attention' does not support attention dropout; use 'sdpa'")
     key_mask = attention_mask[:, 0, 0] if attention_mask is not None else None
+    c2p_index = positions.c2p_index if positions is not None else None
+    p2c_index = positions.p2c_index if positions is not None else None
 
     def score_mod(score, batch, head, q_idx, kv_idx):
-        row = index[q_idx, kv_idx]
         if c2p_table is not None:
-            score = score + c2p_table[batch, head, q_idx, row]
+            score = score + c2p_table[batch, head, q_idx, c2p_index[q_idx, kv_idx]]
         if p2c_table is not None:
-            score = score + p2c_table[batch, head, row, kv_idx]
+            score = score + p2c_table[batch, head, p2c_index[q_idx, kv_idx], kv_idx]
         if key_mask is not None:
             score = torch.where(key_mask[batch, kv_idx], score, torch.finfo(score.dtype).min)
         return score
 
-    context = compile_friendly_flex_attention(query, key, value, training=training, score_mod=score_mod, scale=1.0)
+    context = compile_friendly_flex_attention(query, key, value, training=training, score_mod=score_mod, scale=scaling)
     return context.transpose(1, 2), None
 
 
@@ -316,21 +362,45 @@ class DisentangledSelfAttention(nn.Module):
         value = value + self.v_bias.view(self.num_heads, 1, self.head_dim)
         return query, key, value
 
-    def project_positions(self, rel_embeddings: torch.Tensor):
-        """Position keys (for c2p) and queries (for p2c) of the relative embedding rows: (H, R, D) each, or None."""
+    def project_positions(self, key_rows: torch.Tensor, query_rows: torch.Tensor):
+        """Scaled position keys of `key_rows` (for c2p) and position queries of `query_rows` (for p2c), each
+        (H, R, D), or None when the term is off. Rows are relative embeddings, (R, hidden)."""
         pos_key = pos_query = None
         if "c2p" in self.pos_att_type:
             if self.share_att_key:
-                pos_key = F.linear(rel_embeddings, *self._key_projection())
+                pos_key = F.linear(key_rows, *self._key_projection())
             else:
-                pos_key = (self.pos_proj if self.fused else self.pos_key_proj)(rel_embeddings)
-            pos_key = self._heads(pos_key)
+                pos_key = (self.pos_proj if self.fused else self.pos_key_proj)(key_rows)
+            pos_key = self._heads(pos_key * self.scaling)
         if "p2c" in self.pos_att_type:
             if self.share_att_key:
-                pos_query = F.linear(rel_embeddings, *self._query_projection())
+                pos_query = F.linear(query_rows, *self._query_projection())
             else:
-                pos_query = (self.pos_q_proj if self.fused else self.pos_query_proj)(rel_embeddings)
-            pos_query = self._heads(pos_query)
+                pos_query = (self.pos_q_proj if self.fused else self.pos_query_proj)(query_rows)
+            pos_query = self._heads(pos_query * self.scaling)
+        return pos_key, pos_query
+
+    def position_projections(self, rel_embeddings: torch.Tensor, positions: RelativePositions):
+        """Scaled position keys in reverse row order and position queries of the rows `positions` uses.
+
+        rel_embeddings: the whole (2k, hidden) relative table. The projections depend on weights only, so in
+        inference (eval mode, no autograd, `positions.table_key` set) those of the whole table are computed once and
+        kept until a parameter they read changes; otherwise only the used rows are projected.
+        """
+        first, count = positions.first_row, positions.num_rows
+        if positions.table_key is None:
+            rows = self.pos_dropout(rel_embeddings[first : first + count])
+            return self.project_positions(rows.flip(0), rows)
+        key = (positions.table_key, _cache_key(*self.parameters()))
+        if getattr(self, "_position_cache", (None,))[0] != key:
+            pos_key, pos_query = self.project_positions(rel_embeddings.flip(0), rel_embeddings)
+            self._position_cache = (key, pos_key, pos_query)
+        _, pos_key, pos_query = self._position_cache
+        total = rel_embeddings.shape[0]
+        if pos_key is not None:
+            pos_key = pos_key[:, total - first - count : total - first]
+        if pos_query is not None:
+            pos_query = pos_query[:, first : first + count]
         return pos_key, pos_query
 
     def _query_projection(self):
@@ -348,32 +418,27 @@ class DisentangledSelfAttention(nn.Module):
         hidden_states: torch.Tensor,
         rel_embeddings: torch.Tensor | None,
         query_states: torch.Tensor | None = None,
-        relative_index: torch.Tensor | None = None,
+        positions: RelativePositions | None = None,
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
     ):
         batch_size, seq_len = hidden_states.shape[:2]
         query, key, value = self.project_content(hidden_states, query_states)
-        query = query * self.scaling  # c2c and c2p share the scale; p2c scales its position queries
         c2p_table = p2c_table = None
-        if self.relative_attention and rel_embeddings is not None and self.pos_att_type:
-            pos_key, pos_query = self.project_positions(self.pos_dropout(rel_embeddings))
-            if pos_query is not None:
-                pos_query = pos_query * self.scaling
-            c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query)
+        if self.relative_attention and rel_embeddings is not None and positions is not None and self.pos_att_type:
+            pos_key, pos_query = self.position_projections(rel_embeddings, positions)
+            c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query, positions.workspace)
 
         implementation = self.config._attn_implementation or "eager"
         if output_attentions and implementation != "eager":
             implementation = "eager"  # only the eager kernel returns the weights
-        dropout = self.dropout
+        args = (self.scaling, self.dropout, self.training)
         if implementation == "flex_attention" and (attention_mask is None or attention_mask.shape[-2] == 1):
-            context, weights = flex_attention(
-                query, key, value, c2p_table, p2c_table, relative_index, attention_mask, dropout, self.training
-            )
+            context, weights = flex_attention(query, key, value, c2p_table, p2c_table, positions, attention_mask, *args)
         else:
-            bias = gather_position_bias(c2p_table, p2c_table, relative_index) if relative_index is not None else None
+            bias = gather_position_bias(c2p_table, p2c_table, positions) if positions is not None else None
             kernel = eager_attention if implementation == "eager" else sdpa_attention
-            context, weights = kernel(query, key, value, bias, attention_mask, dropout, self.training)
+            context, weights = kernel(query, key, value, bias, attention_mask, *args)
         return context.reshape(batch_size, seq_len, -1), weights
 
 
@@ -428,7 +493,7 @@ class DebertaOutput(nn.Module):
 
 class DebertaLayer(GradientCheckpointingLayer):
     """One transformer layer. Tensors that carry gradients are positional (`hidden_states`, `rel_embeddings`,
-    `query_states`), as reentrant gradient checkpointing needs; the index and mask are keyword arguments."""
+    `query_states`), as reentrant gradient checkpointing needs; positions and mask are keyword arguments."""
 
     def __init__(self, config: DebertaConfig):
         super().__init__()
@@ -441,7 +506,7 @@ class DebertaLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         rel_embeddings: torch.Tensor | None = None,
         query_states: torch.Tensor | None = None,
-        relative_index: torch.Tensor | None = None,
+        positions: RelativePositions | None = None,
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
     ):
@@ -449,7 +514,7 @@ class DebertaLayer(GradientCheckpointingLayer):
             hidden_states,
             rel_embeddings,
             query_states,
-            relative_index=relative_index,
+            positions=positions,
             attention_mask=attention_mask,
             output_attentions=output_attentions,
         )
@@ -504,13 +569,28 @@ class DebertaEncoder(nn.Module):
             self.conv = DebertaConvLayer(config)
 
     def get_rel_embedding(self, positions: RelativePositions | None) -> torch.Tensor | None:
-        """The used rows of the relative embedding table, normalised when `norm_rel_ebd` says so: (R, hidden)."""
+        """The relative embedding table, normalised when `norm_rel_ebd` says so: (2k, hidden), or None.
+
+        In inference (eval mode, no autograd, no autocast, not compiling) it also marks `positions` with the identity
+        of the table's parameters, which lets every layer reuse its projections of the table across calls.
+        """
         if positions is None or not hasattr(self, "rel_embeddings"):
             return None
-        rows = self.rel_embeddings.weight[positions.first_row : positions.first_row + positions.num_rows]
-        if hasattr(self, "LayerNorm"):
-            rows = self.LayerNorm(rows)  # row-wise, so normalising the slice equals slicing the normalised table
-        return rows
+        table = self.rel_embeddings.weight
+        norm = getattr(self, "LayerNorm", None)
+        if norm is not None:
+            table = norm(table)
+        cacheable = not (
+            self.training
+            or torch.is_grad_enabled()
+            or torch.is_autocast_enabled(table.device.type)
+            or is_torchdynamo_compiling()
+        )
+        if cacheable:
+            parameters = (self.rel_embeddings.weight,) + ((norm.weight, norm.bias) if norm is not None else ())
+            positions.table_key = _cache_key(*parameters)
+            positions.workspace = {}
+        return table
 
     def forward(
         self,
@@ -524,13 +604,12 @@ class DebertaEncoder(nn.Module):
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         rel_embeddings = self.get_rel_embedding(positions)
-        relative_index = positions.index if positions is not None else None
         embedding_output = hidden_states
         for i, layer_module in enumerate(self.layer):
             hidden_states, weights = layer_module(
                 hidden_states,
                 rel_embeddings,
-                relative_index=relative_index,
+                positions=positions,
                 attention_mask=attention_mask,
                 output_attentions=output_attentions,
             )
@@ -569,8 +648,13 @@ class DebertaPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-def _check_inputs(config: DebertaConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids):
-    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch."""
+def _check_inputs(
+    config: DebertaConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, absolute_positions
+):
+    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch.
+
+    absolute_positions: whether the model reads the absolute position table (input bias or Enhanced Mask Decoder).
+    """
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError(
             "Pass exactly one of input_ids or inputs_embeds (got both)"
@@ -607,7 +691,7 @@ def _check_inputs(config: DebertaConfig, input_ids, inputs_embeds, attention_mas
     checks = [("input_ids", input_ids, config.vocab_size)]
     if config.type_vocab_size > 0:
         checks.append(("token_type_ids", token_type_ids, config.type_vocab_size))
-    if config.position_biased_input or config.uses_emd:
+    if absolute_positions:
         checks.append(("position_ids", position_ids, config.max_position_embeddings))
         if position_ids is None and shape[1] > config.max_position_embeddings:
             raise ValueError(
@@ -679,7 +763,15 @@ class DebertaModel(DebertaPreTrainedModel):
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         return_dict = return_dict if return_dict is not None else config.return_dict
-        _check_inputs(config, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        _check_inputs(
+            config,
+            input_ids,
+            inputs_embeds,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            absolute_positions=hasattr(self.embeddings, "position_embeddings"),
+        )
         device = input_ids.device if input_ids is not None else inputs_embeds.device
         seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         if position_ids is None and config.position_biased_input:
@@ -821,7 +913,7 @@ class DebertaForMaskedLM(DebertaPreTrainedModel):
                 kv_states=outputs.hidden_states[-2],  # the input of the last layer
                 position_embeddings=deberta.embeddings.position_embeddings(position_ids),
                 rel_embeddings=deberta.encoder.get_rel_embedding(positions),
-                relative_index=positions.index if positions is not None else None,
+                positions=positions,
                 attention_mask=mask,
             )
         logits = decoder(outputs.last_hidden_state, **emd_inputs)

@@ -267,8 +267,9 @@ def test_relative_position_rows_follow_the_official_formula(fields, seq_len):
     if config.position_buckets > 0:
         distance = log_bucket_position(distance, config.position_buckets, config.max_relative_distance)
     official_rows = (distance + span).clamp(0, 2 * span - 1)
-    assert torch.equal(positions.index + positions.first_row, official_rows)
-    assert positions.index.min() >= 0 and positions.index.max() < positions.num_rows
+    assert torch.equal(positions.p2c_index + positions.first_row, official_rows)
+    assert torch.equal(positions.c2p_index, positions.num_rows - 1 - positions.p2c_index)  # reversed c2p table
+    assert positions.p2c_index.min() >= 0 and positions.p2c_index.max() < positions.num_rows
     assert positions.first_row + positions.num_rows <= 2 * span
 
 
@@ -779,6 +780,50 @@ def test_long_inputs_without_absolute_positions():
     mlm = DebertaForMaskedLM(tiny_config(max_position_embeddings=64, position_buckets=32))
     with pytest.raises(ValueError, match="longer than max_position_embeddings=64"):
         mlm(torch.randint(1, 99, (1, 65)))
+
+
+@pytest.mark.parametrize("variant", ["v1", "v3", "v2-c2p-unshared"])
+def test_inference_caches_and_buffers_give_the_training_path_outputs(variant):
+    """In inference the position projections are cached across calls and the (L x L) buffers shared by the layers;
+    every output must equal the uncached, freshly allocated computation (autograd on)."""
+    torch.manual_seed(0)
+    model = DebertaForMaskedLM(ours_variant(variant)).eval()
+    for length in (17, 40, 9):  # cached projections are sliced per length
+        input_ids, attention_mask, _ = make_batch(seq_len=length, pad_from=(None, length - 4, 3))
+        kwargs = dict(attention_mask=attention_mask, output_hidden_states=True)
+        expected = model(input_ids, **kwargs)
+        with torch.inference_mode():
+            cached = model(input_ids, **kwargs)
+        with torch.no_grad():
+            cached_again = model(input_ids, **kwargs)
+        for a, b, c in zip(expected.hidden_states, cached.hidden_states, cached_again.hidden_states):
+            assert max_diff(a.detach(), b, attention_mask) <= TOL and torch.equal(b, c)
+        assert max_diff(expected.logits.detach(), cached.logits, attention_mask) <= TOL
+
+
+def test_cached_position_projections_follow_weight_changes(tmp_path):
+    torch.manual_seed(0)
+    model = DebertaModel(tiny_config()).eval()
+    input_ids, attention_mask, _ = make_batch()
+
+    def run(m):
+        with torch.no_grad():
+            return m(input_ids, attention_mask=attention_mask).last_hidden_state
+
+    run(model)  # fills the caches
+    with torch.no_grad():
+        model.encoder.rel_embeddings.weight.mul_(3.0)
+        model.encoder.LayerNorm.bias.add_(0.5)
+        model.encoder.layer[1].attention.self.key_proj.weight.add_(0.1)
+    model.save_pretrained(tmp_path)
+    fresh = DebertaModel.from_pretrained(tmp_path).eval()
+    assert max_diff(run(model), run(fresh), attention_mask) <= TOL
+    model.load_state_dict(DebertaModel(tiny_config()).state_dict())  # copy_ into the parameters
+    reference = DebertaModel(tiny_config())
+    reference.load_state_dict(model.state_dict())
+    assert max_diff(run(model), run(reference.eval()), attention_mask) <= TOL
+    half = run(model.to(torch.bfloat16))  # new storage and dtype
+    assert half.dtype == torch.bfloat16 and torch.isfinite(half).all()
 
 
 @pytest.mark.slow
