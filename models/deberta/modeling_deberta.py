@@ -122,22 +122,8 @@ def relative_positions(length: int, config: DebertaConfig, device: torch.device)
     return RelativePositions(c2p_index=(num_rows - 1) - index, p2c_index=index, first_row=first_row, num_rows=num_rows)
 
 
-def _buffer(workspace: dict | None, name: str, shape, like: torch.Tensor) -> torch.Tensor | None:
-    """A reusable buffer from `workspace` (None without one)."""
-    if workspace is None:
-        return None
-    buffer = workspace.get(name)
-    if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or buffer.device != like.device:
-        buffer = workspace[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
-    return buffer
-
-
 def position_score_tables(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    pos_key: torch.Tensor | None,
-    pos_query: torch.Tensor | None,
-    workspace: dict | None = None,
+    query: torch.Tensor, key: torch.Tensor, pos_key: torch.Tensor | None, pos_query: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The two small tables the disentangled scores are read from.
 
@@ -146,25 +132,23 @@ def position_score_tables(
     Returns c2p_table (B, H, L, R) = query . pos_key (content-to-position: every query against every relative row)
     and p2c_table (B, H, R, L) = pos_query . key (position-to-content: every relative row against every key).
     """
-    batch, heads, length = query.shape[:3]
-    c2p_table = p2c_table = None
-    if pos_key is not None:
-        out = _buffer(workspace, "c2p_table", (batch, heads, length, pos_key.shape[1]), query)
-        c2p_table = torch.matmul(query, pos_key.transpose(-1, -2), out=out)
-    if pos_query is not None:
-        out = _buffer(workspace, "p2c_table", (batch, heads, pos_query.shape[1], length), query)
-        p2c_table = torch.matmul(pos_query, key.transpose(-1, -2), out=out)
+    c2p_table = torch.matmul(query, pos_key.transpose(-1, -2)) if pos_key is not None else None
+    p2c_table = torch.matmul(pos_query, key.transpose(-1, -2)) if pos_query is not None else None
     return c2p_table, p2c_table
 
 
 def gather_position_bias(
-    c2p_table: torch.Tensor | None, p2c_table: torch.Tensor | None, positions: RelativePositions
+    c2p_table: torch.Tensor | None,
+    p2c_table: torch.Tensor | None,
+    positions: RelativePositions,
+    out: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """The (B, H, L, L) additive score bias `c2p + p2c`, both read query-major with one index per query/key pair:
     `c2p[i, j] = c2p_table[i, c2p_index[i, j]]`, `p2c[i, j] = p2c_table[p2c_index[i, j], j]`.
 
     The (L, L) indices broadcast over batch and heads without a copy; both terms index the same relative row, as the
-    official code's shared `c2p_pos` does.
+    official code's shared `c2p_pos` does. `out` / `scratch` optionally receive the bias and the p2c term.
     """
     reference = c2p_table if c2p_table is not None else p2c_table
     if reference is None:
@@ -173,12 +157,44 @@ def gather_position_bias(
     shape = (batch, heads, length, length)
     bias = None
     if c2p_table is not None:
-        out = _buffer(positions.workspace, "bias", shape, reference)
         bias = torch.gather(c2p_table, -1, positions.c2p_index.expand(shape), out=out)
     if p2c_table is not None:
-        out = _buffer(positions.workspace, "bias" if bias is None else "p2c", shape, reference)
-        p2c = torch.gather(p2c_table, -2, positions.p2c_index.expand(shape), out=out)
+        p2c = torch.gather(p2c_table, -2, positions.p2c_index.expand(shape), out=out if bias is None else scratch)
         bias = p2c if bias is None else bias.add_(p2c)
+    return bias
+
+
+def _buffer(workspace: dict, name: str, shape, like: torch.Tensor) -> torch.Tensor:
+    """A buffer kept in `workspace` across layers, reallocated only when the shape or dtype changes."""
+    buffer = workspace.get(name)
+    if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or buffer.device != like.device:
+        buffer = workspace[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return buffer
+
+
+def position_bias(query, key, pos_key, pos_query, positions: RelativePositions) -> torch.Tensor | None:
+    """`gather_position_bias(*position_score_tables(...))`. In inference (`positions.workspace` set) it runs a third
+    of the heads at a time into buffers shared by all layers: the tables and the p2c term then take a third of the
+    memory, stay closer to the cache, and no layer pays for fresh multi-megabyte allocations (page faults)."""
+    workspace = positions.workspace
+    if workspace is None or (pos_key is None and pos_query is None):
+        return gather_position_bias(*position_score_tables(query, key, pos_key, pos_query), positions)
+    batch, heads, length = query.shape[:3]
+    rows = (pos_key if pos_key is not None else pos_query).shape[1]
+    bias = _buffer(workspace, "bias", (batch, heads, length, length), query)
+    step = -(-heads // 3)
+    for start in range(0, heads, step):
+        chunk = slice(start, start + step)
+        count = min(step, heads - start)
+        c2p_table = p2c_table = None
+        if pos_key is not None:
+            c2p_table = _buffer(workspace, f"c2p{count}", (batch, count, length, rows), query)
+            torch.matmul(query[:, chunk], pos_key[chunk].transpose(-1, -2), out=c2p_table)
+        if pos_query is not None:
+            p2c_table = _buffer(workspace, f"p2c{count}", (batch, count, rows, length), query)
+            torch.matmul(pos_query[chunk], key[:, chunk].transpose(-1, -2), out=p2c_table)
+        scratch = _buffer(workspace, f"scratch{count}", (batch, count, length, length), query)
+        gather_position_bias(c2p_table, p2c_table, positions, out=bias[:, chunk], scratch=scratch)
     return bias
 
 
@@ -424,19 +440,19 @@ class DisentangledSelfAttention(nn.Module):
     ):
         batch_size, seq_len = hidden_states.shape[:2]
         query, key, value = self.project_content(hidden_states, query_states)
-        c2p_table = p2c_table = None
+        pos_key = pos_query = None
         if self.relative_attention and rel_embeddings is not None and positions is not None and self.pos_att_type:
             pos_key, pos_query = self.position_projections(rel_embeddings, positions)
-            c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query, positions.workspace)
 
         implementation = self.config._attn_implementation or "eager"
         if output_attentions and implementation != "eager":
             implementation = "eager"  # only the eager kernel returns the weights
         args = (self.scaling, self.dropout, self.training)
         if implementation == "flex_attention" and (attention_mask is None or attention_mask.shape[-2] == 1):
+            c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query)
             context, weights = flex_attention(query, key, value, c2p_table, p2c_table, positions, attention_mask, *args)
         else:
-            bias = gather_position_bias(c2p_table, p2c_table, positions) if positions is not None else None
+            bias = position_bias(query, key, pos_key, pos_query, positions) if positions is not None else None
             kernel = eager_attention if implementation == "eager" else sdpa_attention
             context, weights = kernel(query, key, value, bias, attention_mask, *args)
         return context.reshape(batch_size, seq_len, -1), weights
