@@ -124,20 +124,26 @@ def packed_key_bias(beta: torch.Tensor, gamma: torch.Tensor, block_size: int) ->
     return (beta + gamma) / 2 * block_size
 
 
+# Query blocks per chunk of the unpack + sliding-window attention: enough that a chunk's gathered keys hold about this
+# many elements (4 MB in float32). Temporaries this small are reused by the CPU allocator, where ones of tens of MB are
+# page-faulted in afresh on every call (an order of magnitude slower than the gather itself); peak memory stays small.
+ATTENTION_CHUNK_ELEMENTS = 2**20
+
+
 @dataclass
 class BlockSparseLayout:
     """What the unpack + sliding-window attention needs from the input's shape and attention mask; built once per
     forward pass and shared by every layer.
 
     Each query block of `b` tokens attends `w = np * b + 4 * b` keys: the `s` unpacked keys, stored as
-    `np = ceil(s / b)` blocks (their padding masked), then its 4 window blocks. Keys are gathered from a per-example
-    stack of `np + n` key blocks (pack blocks first).
+    `np = ceil(s / b)` blocks (their padding masked), then its 4 window blocks. Keys are gathered from each example's
+    stack of `(np + n) * b` key rows: the pack rows, then the tokens padded to whole blocks.
 
-    key_block_index: (B * n * (np + 4),) rows of the (B * (np + n)) key blocks that each query block attends.
-    distances: (3, B * n * b * w) `bialibi_distances` of every (query, key) pair of the blocked layout; unpacked keys
-        have `b / 2` in both the "after" and "before" channels, which makes their bias `packed_key_bias`.
-    key_mask: (B * n * b * w,) 0 for keys a query attends, the most negative finite value of the compute dtype for the
-        others (padding, internal padding to a multiple of b, pack padding, blocks a short sequence does not have).
+    key_index: (B * n, w) the key rows (of all examples' stacks, flattened) each query block attends.
+    distances: (B * n, 3, b * w) `bialibi_distances` of every (query, key) pair of a query block; unpacked keys have
+        `b / 2` in both the "after" and "before" channels, which makes their bias `packed_key_bias`.
+    key_mask: (B * n, 1, b * w) 0 for keys a query attends, the most negative finite value of the compute dtype for
+        the others (padding, internal padding to a multiple of b, pack padding, blocks a short sequence lacks).
     pack_key_mask: (B, 1, 1, L) additive mask of the pack attention's keys (padding), or None without padding.
     """
 
@@ -145,7 +151,7 @@ class BlockSparseLayout:
     num_blocks: int
     pack_length: int
     pack_blocks: int
-    key_block_index: torch.Tensor
+    key_index: torch.Tensor
     distances: torch.Tensor
     key_mask: torch.Tensor
     pack_key_mask: torch.Tensor | None
@@ -191,21 +197,22 @@ class BlockSparseLayout:
 
         pack_attended = (torch.arange(pack_blocks * b, device=device) < s).expand(batch_size, n, 1, -1)
         window_attended = key_positions < lengths[:, None, None, None]
-        attended = torch.cat((pack_attended, window_attended), dim=-1).expand(-1, -1, b, -1)  # (B, n, b, w)
+        attended = torch.cat((pack_attended, window_attended), dim=-1)  # (B, n, 1, w)
         key_mask = torch.zeros(attended.shape, device=device, dtype=bias_dtype).masked_fill(~attended, min_value)
+        key_mask = key_mask.expand(-1, -1, b, -1)
 
-        stack_offsets = torch.arange(batch_size, device=device)[:, None, None] * (pack_blocks + n)
-        pack_rows = torch.arange(pack_blocks, device=device).expand(batch_size, n, -1)
-        window_rows = pack_blocks + key_blocks.clamp_max(n - 1)
-        key_block_index = (stack_offsets + torch.cat((pack_rows, window_rows), dim=-1)).flatten()
+        stack_starts = torch.arange(batch_size, device=device)[:, None, None] * ((pack_blocks + n) * b)
+        pack_rows = torch.arange(pack_blocks * b, device=device).expand(batch_size, n, -1)
+        window_rows = ((pack_blocks + key_blocks.clamp_max(n - 1))[..., None] * b + offsets).flatten(-2)
+        key_index = stack_starts + torch.cat((pack_rows, window_rows), dim=-1)  # (B, n, w)
         return cls(
             block_size=b,
             num_blocks=n,
             pack_length=s,
             pack_blocks=pack_blocks,
-            key_block_index=key_block_index,
-            distances=distances.flatten(1),
-            key_mask=key_mask.flatten(),
+            key_index=key_index.flatten(0, 1),
+            distances=distances.permute(1, 2, 0, 3, 4).reshape(batch_size * n, 3, -1),
+            key_mask=key_mask.reshape(batch_size * n, 1, -1),
             pack_key_mask=pack_key_mask,
         )
 
@@ -215,17 +222,21 @@ def softmax_in_float(scores: torch.Tensor) -> torch.Tensor:
     return F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
 
 
-def _head_major_blocks(pieces, num_rows: int) -> torch.Tensor:
-    """Copy (tensor (B, l, H, d_h), first row) pieces into a zero-filled (H, B, num_rows, d_h) tensor.
+def _key_rows(packed: torch.Tensor, tokens: torch.Tensor, layout: BlockSparseLayout) -> torch.Tensor:
+    """Each example's stack of key rows: (B, s, H, d_h) and (B, L, H, d_h) -> (B * (np + n) * b, H, d_h).
 
-    Rows no piece covers stay zero: masked keys must hold finite values, as 0 * NaN would leak through the softmax.
+    Pack rows padded to `np * b`, then the tokens padded to `n * b`. The padding is zeros: masked keys must hold finite
+    values, as 0 * NaN would leak through the softmax.
     """
-    first = pieces[0][0]
-    batch, _, heads, head_dim = first.shape
-    rows = first.new_zeros(heads, batch, num_rows, head_dim)
-    for tensor, start in pieces:
-        rows[:, :, start : start + tensor.shape[1]] = tensor.permute(2, 0, 1, 3)
-    return rows
+    batch, seq_len, heads, head_dim = tokens.shape
+    b = layout.block_size
+    pieces = [
+        packed,
+        packed.new_zeros(batch, layout.pack_blocks * b - packed.shape[1], heads, head_dim),
+        tokens,
+        tokens.new_zeros(batch, layout.num_blocks * b - seq_len, heads, head_dim),
+    ]
+    return torch.cat(pieces, dim=1).view(-1, heads, head_dim)
 
 
 def unpack_sliding_window_attention(
@@ -248,45 +259,47 @@ def unpack_sliding_window_attention(
     Returns the context (B, L, H, d_h) and, with need_weights, the weights (B, H, n, b, w) over each query block's
     keys in `layout` order (np pack blocks, then the 4 window blocks of `window_key_blocks`).
 
-    logits = Q [K(Cp); K(X)]^T * scaling - bias, masked, then softmax [paper]. Queries and keys are padded to whole
-    blocks and gathered into (H * B * n, ...) batches, so the work is two batched matrix products over blocks. Without
-    gradients to the bias the blocked batch goes through SDPA (fused, nothing of size (b, w) per block kept); training
-    and `need_weights` take the explicit product, as SDPA cannot differentiate its mask.
+    logits = Q [K(Cp); K(X)]^T * scaling - bias, masked, then softmax [paper]. Query blocks are batched: each one's
+    keys are gathered through `layout.key_index`, so the work is two batched matrix products over blocks, done in
+    chunks of query blocks (ATTENTION_CHUNK_ELEMENTS). Without gradients to the bias a chunk goes through SDPA (fused:
+    no (b, w) scores per block are kept); training and `need_weights` take the explicit products, as SDPA cannot
+    differentiate its mask.
     """
     batch, seq_len, heads, head_dim = query.shape
-    b, n, pack_blocks = layout.block_size, layout.num_blocks, layout.pack_blocks
-    w = layout.keys_per_block
-    num_query_blocks = heads * batch * n
-
-    query_blocks = _head_major_blocks([(query, 0)], n * b).view(num_query_blocks, b, head_dim)
-    windows = []
-    for tokens, packed in ((key, pack_key), (value, pack_value)):
-        rows = _head_major_blocks([(packed, 0), (tokens, pack_blocks * b)], (pack_blocks + n) * b)
-        rows = rows.view(heads, batch * (pack_blocks + n), b * head_dim)  # one row per key block
-        windows.append(rows.index_select(1, layout.key_block_index).view(num_query_blocks, w, head_dim))
-    key_windows, value_windows = windows
-
+    b, n, w = layout.block_size, layout.num_blocks, layout.keys_per_block
+    key_rows = _key_rows(pack_key, key, layout)
+    value_rows = _key_rows(pack_value, value, layout)
+    query = F.pad(query, (0, 0, 0, 0, 0, n * b - seq_len))
+    query_blocks = query.view(batch * n, b, heads, head_dim).transpose(1, 2)  # (B n, H, b, d_h)
     coefficients = bialibi_coefficients(alpha, beta, gamma).to(layout.distances.dtype)
-    bias = torch.addmm(layout.key_mask, coefficients, layout.distances, alpha=-1)  # (H, B * n * b * w)
-    bias = bias.to(query.dtype).view(num_query_blocks, b, w)
+    explicit = need_weights or (torch.is_grad_enabled() and coefficients.requires_grad)
 
-    weights = None
-    if need_weights or (torch.is_grad_enabled() and bias.requires_grad):
-        scores = torch.baddbmm(bias, query_blocks, key_windows.transpose(1, 2), alpha=scaling)
-        weights = softmax_in_float(scores)
-        context = torch.bmm(F.dropout(weights, p=dropout, training=dropout > 0), value_windows)
-        weights = weights.view(heads, batch, n, b, w).transpose(0, 1) if need_weights else None
-    else:
-        blocked = (heads, batch * n)
-        context = F.scaled_dot_product_attention(
-            query_blocks.view(*blocked, b, head_dim),
-            key_windows.view(*blocked, w, head_dim),
-            value_windows.view(*blocked, w, head_dim),
-            attn_mask=bias.view(*blocked, b, w),
-            dropout_p=dropout,
-            scale=scaling,
+    chunk = max(1, ATTENTION_CHUNK_ELEMENTS // (heads * w * head_dim))
+    contexts, all_weights = [], []
+    for start in range(0, batch * n, chunk):
+        blocks = slice(start, min(start + chunk, batch * n))
+        index = layout.key_index[blocks].flatten()
+        num_blocks = index.shape[0] // w
+        key_windows = key_rows.index_select(0, index).view(num_blocks, w, heads, head_dim).transpose(1, 2)
+        value_windows = value_rows.index_select(0, index).view(num_blocks, w, heads, head_dim).transpose(1, 2)
+        bias = torch.baddbmm(
+            layout.key_mask[blocks], coefficients.expand(num_blocks, -1, -1), layout.distances[blocks], alpha=-1
         )
-    context = context.reshape(heads, batch, n * b, head_dim)[:, :, :seq_len].permute(1, 2, 0, 3)
+        bias = bias.to(query.dtype).view(num_blocks, heads, b, w)  # (blocks, H, b, w)
+        if explicit:
+            scores = torch.matmul(query_blocks[blocks], key_windows.transpose(2, 3)) * scaling + bias
+            weights = softmax_in_float(scores)
+            context = torch.matmul(F.dropout(weights, p=dropout, training=dropout > 0), value_windows)
+            all_weights.append(weights)
+        else:
+            context = F.scaled_dot_product_attention(
+                query_blocks[blocks], key_windows, value_windows, attn_mask=bias, dropout_p=dropout, scale=scaling
+            )
+        contexts.append(context.transpose(1, 2))  # (blocks, b, H, d_h)
+    context = torch.cat(contexts).view(batch, n * b, heads, head_dim)[:, :seq_len]
+    weights = None
+    if need_weights:
+        weights = torch.cat(all_weights).view(batch, n, heads, b, w).transpose(1, 2)
     return context, weights
 
 

@@ -206,13 +206,23 @@ def attention_inputs(seq_len, lengths, pack_length, heads=3, head_dim=8, seed=0)
     return tensors, slopes, attention_mask
 
 
+@pytest.fixture(params=["one-chunk", "several-chunks", "chunks-of-1-block"])
+def attention_chunks(request, monkeypatch):
+    """Run the kernel in one chunk of query blocks (the tiny sizes here) or in several, uneven ones."""
+    elements = {"one-chunk": None, "several-chunks": 5 * 3 * 8 * 40, "chunks-of-1-block": 1}[request.param]
+    if elements is not None:
+        monkeypatch.setattr(modeling_littlebird, "ATTENTION_CHUNK_ELEMENTS", elements)
+
+
 @pytest.mark.parametrize("path", ["sdpa", "explicit", "grad"])
 @pytest.mark.parametrize(
     ("block_size", "pack_length", "seq_len", "lengths"),
     ATTENTION_CASES,
     ids=[f"b{c[0]}-s{c[1]}-L{c[2]}" for c in ATTENTION_CASES],
 )
-def test_block_sparse_attention_matches_dense_reference(path, block_size, pack_length, seq_len, lengths):
+def test_block_sparse_attention_matches_dense_reference(
+    path, block_size, pack_length, seq_len, lengths, attention_chunks
+):
     (query, key, value, pack_key, pack_value), slopes, attention_mask = attention_inputs(seq_len, lengths, pack_length)
     if path == "grad":
         for slope in slopes:
@@ -348,7 +358,7 @@ def test_layout_biases_packed_keys_with_the_constant():
     """The packed-key columns of the model's blocked distances give (beta + gamma) / 2 * b for every query."""
     alpha, beta, gamma = torch.tensor([0.3]), torch.tensor([0.5]), torch.tensor([0.7])
     layout = BlockSparseLayout.build(None, 1, 20, 4, 3, torch.float32, torch.device("cpu"))
-    distances = layout.distances.view(3, layout.num_blocks, 4, layout.keys_per_block)
+    distances = layout.distances.view(layout.num_blocks, 3, 4, layout.keys_per_block).transpose(0, 1)
     bias = bialibi_bias(distances, alpha, beta, gamma)
     assert torch.allclose(bias[..., :3], packed_key_bias(beta, gamma, 4))
     assert (layout.key_mask.view(layout.num_blocks, 4, -1)[..., 3:4] == torch.finfo(torch.float32).min).all()
