@@ -271,7 +271,11 @@ def sdpa_attention(query, key, value, position_bias, attention_mask, scaling: fl
     """`scaled_dot_product_attention` with the position bias as a float mask (padding filled with the dtype's
     minimum, never -inf). Same arguments and output layout as `eager_attention`, without weights."""
     if position_bias is None:
+        # a boolean mask would become -inf inside sdpa: a row of padding only would then give NaN
         mask = attention_mask
+        if attention_mask is not None:
+            mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
+            mask = mask.masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
     elif attention_mask is None:
         mask = position_bias
     else:

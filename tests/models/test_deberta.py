@@ -91,6 +91,11 @@ VARIANTS = {
             conv_groups=4,
         ),
     ),
+    # no relative attention: BERT-like, but the official scale still counts pos_att_type (sqrt(3 d) here)
+    "absolute-only": (
+        "DebertaV2",
+        dict(relative_attention=False, pos_att_type="c2p|p2c", position_biased_input=True, type_vocab_size=2),
+    ),
 }
 LENGTHS = (16, 300)  # below and above the buckets' exact window (16 and 8 distances) and v1's clipping (64, 40)
 
@@ -695,11 +700,12 @@ def test_three_dimensional_attention_mask_equals_padding_mask():
     assert max_diff(a, b, attention_mask) <= TOL
 
 
+@pytest.mark.parametrize("variant", ["v2-conv", "absolute-only"])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_without_nan(dtype, implementation):
+def test_half_precision_without_nan(dtype, implementation, variant):
     torch.manual_seed(0)
-    model = DebertaForMaskedLM(tiny_config(conv_kernel_size=3)).eval()
+    model = DebertaForMaskedLM(ours_variant(variant)).eval()
     model.set_attn_implementation(implementation)
     input_ids, attention_mask, _ = make_batch(seq_len=40, pad_from=(None, 20, 5))
     attention_mask[2] = 0  # a row that is entirely padding
