@@ -939,7 +939,7 @@ class DebertaForMaskedLM(DebertaPreTrainedModel):
         logits = decoder(outputs.last_hidden_state, **emd_inputs)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1).to(logits.device))
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         result = MaskedLMOutput(
             loss=loss,
             logits=logits,
@@ -1036,9 +1036,9 @@ class DebertaContextPooler(nn.Module):
 
 
 def _sequence_classification_loss(config, logits, labels, num_labels):
-    """The official DeBERTa loss: regression for one label; cross-entropy over labels >= 0 (negative labels are
-    ignored) for class indices; soft-label cross-entropy for a distribution per example; or the explicit
-    `problem_type`."""
+    """The official DeBERTa loss (which transformers' DeBERTa heads keep, rather than its generic classification loss):
+    regression for one label; cross-entropy over labels >= 0 (negative labels are ignored) for class indices;
+    soft-label cross-entropy for a distribution per example; or the explicit `problem_type`."""
     labels = labels.to(logits.device)
     if config.problem_type is None:
         if num_labels == 1:
@@ -1136,7 +1136,7 @@ class DebertaForTokenClassification(DebertaPreTrainedModel):
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1).to(logits.device))
+            loss = self.loss_function(logits, labels, self.config, **kwargs)
         result = TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1178,12 +1178,7 @@ class DebertaForQuestionAnswering(DebertaPreTrainedModel):
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
         loss = None
         if start_positions is not None and end_positions is not None:
-            # Positions outside the input are ignored, as in transformers' QA heads.
-            ignored_index = start_logits.size(1)
-            start_positions = start_positions.view(-1).clamp(0, ignored_index).to(start_logits.device)
-            end_positions = end_positions.view(-1).clamp(0, ignored_index).to(end_logits.device)
-            loss_fct = CrossEntropyLoss(ignore_index=ignored_index)
-            loss = (loss_fct(start_logits, start_positions) + loss_fct(end_logits, end_positions)) / 2
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
         result = QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits,
