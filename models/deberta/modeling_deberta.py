@@ -89,8 +89,8 @@ class RelativePositions:
     p2c_index: (L, L) long, `r(i, j)`: the row of the position-to-content table for query i and key j.
     table_key: identifies the relative table's parameters when the layers may reuse their projections of it
         (inference), else None.
-    workspace: in inference, the (B, H, L, R) tables and (B, H, L, L) bias every layer writes go to buffers shared
-        by the layers: fresh multi-megabyte allocations cost page faults on every layer otherwise.
+    workspace: in inference, the tables and the (B, H, L, L) bias every layer writes go to buffers shared by the
+        layers: fresh multi-megabyte allocations cost page faults on every layer otherwise.
     """
 
     c2p_index: torch.Tensor
@@ -173,16 +173,16 @@ def _buffer(workspace: dict, name: str, shape, like: torch.Tensor) -> torch.Tens
 
 
 def position_bias(query, key, pos_key, pos_query, positions: RelativePositions) -> torch.Tensor | None:
-    """`gather_position_bias(*position_score_tables(...))`. In inference (`positions.workspace` set) it runs a third
-    of the heads at a time into buffers shared by all layers: the tables and the p2c term then take a third of the
-    memory, stay closer to the cache, and no layer pays for fresh multi-megabyte allocations (page faults)."""
+    """`gather_position_bias(*position_score_tables(...))`. In inference (`positions.workspace` set) it runs half the
+    heads at a time into buffers shared by all layers: the tables and the p2c term then take half the memory, stay
+    closer to the cache, and no layer pays for fresh multi-megabyte allocations (page faults)."""
     workspace = positions.workspace
     if workspace is None or (pos_key is None and pos_query is None):
         return gather_position_bias(*position_score_tables(query, key, pos_key, pos_query), positions)
     batch, heads, length = query.shape[:3]
     rows = (pos_key if pos_key is not None else pos_query).shape[1]
     bias = _buffer(workspace, "bias", (batch, heads, length, length), query)
-    step = -(-heads // 3)
+    step = -(-heads // 2)
     for start in range(0, heads, step):
         chunk = slice(start, start + step)
         count = min(step, heads - start)
