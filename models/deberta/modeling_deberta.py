@@ -7,9 +7,10 @@ Hugging Face format (`deberta.*`, `lm_predictions.lm_head.*`, `mask_predictions.
 they load unchanged; v1 checkpoints keep their fused `in_proj` layout (`config.projection_layout="fused"`).
 
 Speed: the content-to-position and position-to-content scores are computed per layer as two small (L x 2k) tables,
-gathered once into an additive (L x L) bias and handed to `scaled_dot_product_attention`; nothing is repeated per
-batch element and relative positions are built once per forward. Only the rows of the relative embedding table that
-the sequence length can reach are projected.
+gathered once into an additive (L x L) bias (one index per query/key pair) and handed to
+`scaled_dot_product_attention`; nothing is repeated per batch element and relative positions are built once per
+forward. Only the rows of the relative embedding table that the sequence length can reach are used. In inference the
+projections of that table (weights only) are cached per layer and the position buffers are shared by the layers.
 
 This file imports only torch, transformers and its sibling `configuration_deberta.py`: `save_pretrained` copies both
 to the Hub for `trust_remote_code` users.

@@ -550,6 +550,16 @@ def test_mlm_decoder_is_tied_and_saved_under_official_names(tmp_path):
     assert not any(".decoder." in key for key in saved)
 
 
+def test_resizing_the_vocabulary_keeps_the_decoder_tied():
+    model = DebertaForMaskedLM(tiny_config()).eval()
+    model.resize_token_embeddings(120)
+    head = model.lm_predictions.lm_head
+    assert head.decoder.weight is model.deberta.embeddings.word_embeddings.weight
+    assert head.decoder.bias is head.bias and head.bias.shape == (120,)
+    with torch.no_grad():
+        assert model(torch.randint(0, 120, (2, 7))).logits.shape == (2, 7, 120)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Official checkpoints: config files and every tensor accounted for
 # ---------------------------------------------------------------------------------------------------------------------
