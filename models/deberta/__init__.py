@@ -2,6 +2,7 @@
 
 from .configuration_deberta import AUTO_MAP, PRESETS, DebertaConfig
 from .modeling_deberta import (
+    LEGACY_MLM_KEY_MAPPING,
     DebertaForMaskedLM,
     DebertaForMultipleChoice,
     DebertaForQuestionAnswering,
@@ -19,6 +20,7 @@ from .modeling_deberta import (
 
 __all__ = [
     "AUTO_MAP",
+    "LEGACY_MLM_KEY_MAPPING",
     "PRESETS",
     "DebertaConfig",
     "DebertaForMaskedLM",

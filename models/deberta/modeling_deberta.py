@@ -871,6 +871,17 @@ class DebertaEnhancedMaskDecoder(nn.Module):
         return self.lm_head(sequence_output)
 
 
+# transformers' DeBERTa MLM heads default to `legacy=True`, a BERT-style head under `cls.predictions.*` with the same
+# layers as the official one (dense, activation, LayerNorm, tied decoder, bias); models fine-tuned with it load with
+# `DebertaForMaskedLM.from_pretrained(path, key_mapping=LEGACY_MLM_KEY_MAPPING, emd_steps=0)` (they were trained
+# without an Enhanced Mask Decoder).
+LEGACY_MLM_KEY_MAPPING = {
+    r"^cls\.predictions\.transform\.": "lm_predictions.lm_head.",
+    r"^cls\.predictions\.bias": "lm_predictions.lm_head.bias",
+    r"^cls\.predictions\.decoder\.": "lm_predictions.lm_head.decoder.",
+}
+
+
 class DebertaForMaskedLM(DebertaPreTrainedModel):
     _tied_weights_keys = {
         "lm_predictions.lm_head.decoder.weight": "deberta.embeddings.word_embeddings.weight",
@@ -1246,6 +1257,7 @@ class DebertaForMultipleChoice(DebertaPreTrainedModel):
 
 
 __all__ = [
+    "LEGACY_MLM_KEY_MAPPING",
     "DebertaForMaskedLM",
     "DebertaForMultipleChoice",
     "DebertaForQuestionAnswering",

@@ -23,7 +23,7 @@ from posformers import (
     DebertaForTokenClassification,
     DebertaModel,
 )
-from posformers.deberta import AUTO_MAP, PRESETS, log_bucket_position, relative_positions
+from posformers.deberta import AUTO_MAP, LEGACY_MLM_KEY_MAPPING, PRESETS, log_bucket_position, relative_positions
 from posformers.deberta.configuration_deberta import OFFICIAL_DEFAULTS
 
 TINY = dict(
@@ -207,6 +207,24 @@ def test_parity_with_transformers(head_case, variant, seq_len, tmp_path):
         assert diff <= TOL, f"{variant} {head} L={seq_len} {field}: max abs diff {diff}"
     if "labels" in inputs:
         assert abs(expected.loss.item() - actual.loss.item()) <= TOL
+
+
+@pytest.mark.parametrize("variant", ["v1", "v3"])
+def test_transformers_legacy_mlm_head_loads_with_the_key_mapping(variant, tmp_path):
+    reference = reference_model(variant, "ForMaskedLM", 17)  # legacy=True: transformers' default head
+    with torch.no_grad():
+        for parameter in reference.cls.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    reference.save_pretrained(tmp_path)
+    ours, info = DebertaForMaskedLM.from_pretrained(
+        tmp_path, key_mapping=LEGACY_MLM_KEY_MAPPING, emd_steps=0, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    input_ids, attention_mask, _ = make_batch()
+    with torch.no_grad():
+        expected = reference(input_ids, attention_mask=attention_mask).logits
+        actual = ours.eval()(input_ids, attention_mask=attention_mask).logits
+    assert max_diff(expected, actual, attention_mask) <= TOL
 
 
 @pytest.mark.parametrize("variant", ["v1", "v3"])
