@@ -272,9 +272,14 @@ def unpack_sliding_window_attention(
     query = F.pad(query, (0, 0, 0, 0, 0, n * b - seq_len))
     query_blocks = query.view(batch * n, b, heads, head_dim).transpose(1, 2)  # (B n, H, b, d_h)
     coefficients = bialibi_coefficients(alpha, beta, gamma).to(layout.distances.dtype)
-    explicit = need_weights or (torch.is_grad_enabled() and coefficients.requires_grad)
+    building_graph = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (query, key_rows, value_rows, coefficients)
+    )
+    explicit = need_weights or (building_graph and coefficients.requires_grad)
 
-    chunk = max(1, ATTENTION_CHUNK_ELEMENTS // (heads * w * head_dim))
+    # A graph keeps every chunk's tensors anyway, and the backward of each chunk's gather would fill and add a
+    # gradient of all the keys: one chunk then.
+    chunk = batch * n if building_graph else max(1, ATTENTION_CHUNK_ELEMENTS // (heads * w * head_dim))
     contexts, all_weights = [], []
     for start in range(0, batch * n, chunk):
         blocks = slice(start, min(start + chunk, batch * n))
