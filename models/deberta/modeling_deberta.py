@@ -174,28 +174,31 @@ def _buffer(workspace: dict, name: str, shape, like: torch.Tensor) -> torch.Tens
 
 
 def position_bias(query, key, pos_key, pos_query, positions: RelativePositions) -> torch.Tensor | None:
-    """`gather_position_bias(*position_score_tables(...))`. In inference (`positions.workspace` set) it runs half the
-    heads at a time into buffers shared by all layers: the tables and the p2c term then take half the memory, stay
-    closer to the cache, and no layer pays for fresh multi-megabyte allocations (page faults)."""
+    """`gather_position_bias(*position_score_tables(...))`. In inference (`positions.workspace` set) it works on one
+    batch element at a time (half the heads at a time for a single sequence) into buffers shared by all layers: the
+    tables and the p2c term then take a fraction of the memory, stay closer to the cache, and no layer pays for fresh
+    multi-megabyte allocations (page faults)."""
     workspace = positions.workspace
     if workspace is None or (pos_key is None and pos_query is None):
         return gather_position_bias(*position_score_tables(query, key, pos_key, pos_query), positions)
     batch, heads, length = query.shape[:3]
     rows = (pos_key if pos_key is not None else pos_query).shape[1]
     bias = _buffer(workspace, "bias", (batch, heads, length, length), query)
-    step = -(-heads // 2)
-    for start in range(0, heads, step):
-        chunk = slice(start, start + step)
-        count = min(step, heads - start)
-        c2p_table = p2c_table = None
-        if pos_key is not None:
-            c2p_table = _buffer(workspace, f"c2p{count}", (batch, count, length, rows), query)
-            torch.matmul(query[:, chunk], pos_key[chunk].transpose(-1, -2), out=c2p_table)
-        if pos_query is not None:
-            p2c_table = _buffer(workspace, f"p2c{count}", (batch, count, rows, length), query)
-            torch.matmul(pos_query[chunk], key[:, chunk].transpose(-1, -2), out=p2c_table)
-        scratch = _buffer(workspace, f"scratch{count}", (batch, count, length, length), query)
-        gather_position_bias(c2p_table, p2c_table, positions, out=bias[:, chunk], scratch=scratch)
+    step = -(-heads // 2) if batch == 1 else heads
+    for item in range(batch):
+        for start in range(0, heads, step):
+            chunk = slice(start, start + step)
+            count = min(step, heads - start)
+            c2p_table = p2c_table = None
+            if pos_key is not None:
+                c2p_table = _buffer(workspace, f"c2p{count}", (1, count, length, rows), query)
+                torch.matmul(query[item, chunk], pos_key[chunk].transpose(-1, -2), out=c2p_table[0])
+            if pos_query is not None:
+                p2c_table = _buffer(workspace, f"p2c{count}", (1, count, rows, length), query)
+                torch.matmul(pos_query[chunk], key[item, chunk].transpose(-1, -2), out=p2c_table[0])
+            scratch = _buffer(workspace, f"scratch{count}", (1, count, length, length), query)
+            out = bias[item : item + 1, chunk]  # contiguous: one batch element, consecutive heads
+            gather_position_bias(c2p_table, p2c_table, positions, out=out, scratch=scratch)
     return bias
 
 
