@@ -484,6 +484,11 @@ class LittleBirdOutput(nn.Module):
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
 
+# Tokens per chunk of the feed-forward block: enough that its (tokens, intermediate_size) activation holds about this
+# many elements (16 MB in float32), for the same reason as ATTENTION_CHUNK_ELEMENTS; each token is computed alone.
+FEED_FORWARD_CHUNK_ELEMENTS = 2**22
+
+
 class LittleBirdLayer(GradientCheckpointingLayer):
     """Pack attention, then unpack + sliding-window attention, then the feed-forward block; post-LN [paper]."""
 
@@ -493,14 +498,18 @@ class LittleBirdLayer(GradientCheckpointingLayer):
         self.attention = LittleBirdAttention(config)
         self.intermediate = LittleBirdIntermediate(config)
         self.output = LittleBirdOutput(config)
+        self.feed_forward_chunk = max(1, FEED_FORWARD_CHUNK_ELEMENTS // config.intermediate_size)
 
     def forward(self, hidden_states, pack_states, layout: BlockSparseLayout, output_attentions=False):
         pack_context, pack_states, pack_weights = self.pack_attention(
             pack_states, hidden_states, layout.pack_key_mask, output_attentions
         )
         attention_output, weights = self.attention(hidden_states, pack_context, layout, output_attentions)
-        layer_output = self.output(self.intermediate(attention_output), attention_output)
-        return layer_output, pack_states, weights, pack_weights
+        tokens = attention_output.flatten(0, 1)
+        layer_output = torch.cat(
+            [self.output(self.intermediate(chunk), chunk) for chunk in tokens.split(self.feed_forward_chunk)]
+        )
+        return layer_output.view_as(attention_output), pack_states, weights, pack_weights
 
 
 class LittleBirdEncoder(nn.Module):

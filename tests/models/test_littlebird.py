@@ -398,6 +398,17 @@ def test_outputs_at_real_tokens_do_not_depend_on_padding():
                 assert (output.pack_states[row] - alone.pack_states[0]).abs().max().item() <= TOL
 
 
+def test_feed_forward_in_chunks_of_tokens_gives_the_same_outputs():
+    model = tiny_model(LittleBirdModel)
+    input_ids, attention_mask, _ = right_padded_batch([23, 16, 3], 23)
+    with torch.no_grad():
+        whole = model(input_ids, attention_mask=attention_mask).last_hidden_state
+        for layer in model.encoder.layer:
+            layer.feed_forward_chunk = 5  # 69 tokens: 14 chunks, the last one short
+        chunked = model(input_ids, attention_mask=attention_mask).last_hidden_state
+    assert (whole - chunked).abs().max().item() <= 1e-6
+
+
 def test_forward_is_deterministic():
     input_ids, attention_mask, _ = right_padded_batch([30, 11], 30)
     model = tiny_model(LittleBirdForQuestionAnswering)
