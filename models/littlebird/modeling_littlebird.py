@@ -140,10 +140,11 @@ class BlockSparseLayout:
     stack of `(np + n) * b` key rows: the pack rows, then the tokens padded to whole blocks.
 
     key_index: (B * n, w) the key rows (of all examples' stacks, flattened) each query block attends.
-    distances: (B * n, 3, b * w) `bialibi_distances` of every (query, key) pair of a query block; unpacked keys have
-        `b / 2` in both the "after" and "before" channels, which makes their bias `packed_key_bias`.
-    key_mask: (B * n, 1, b * w) 0 for keys a query attends, the most negative finite value of the compute dtype for
-        the others (padding, internal padding to a multiple of b, pack padding, blocks a short sequence lacks).
+    bias_features: (B * n, 4, b * w) for every (query, key) pair of a query block, the `bialibi_distances` channels
+        and a fourth that is 1 for masked keys (padding, internal padding to a multiple of b, pack padding, blocks a
+        short sequence lacks), whose other channels are 0. Unpacked keys have `b / 2` in both the "after" and "before"
+        channels, which makes their bias `packed_key_bias`. `attention_bias` turns them into the additive bias.
+    mask_value: the most negative finite value of the compute dtype, what masked keys get.
     pack_key_mask: (B, 1, 1, L) additive mask of the pack attention's keys (padding), or None without padding.
     """
 
@@ -152,8 +153,8 @@ class BlockSparseLayout:
     pack_length: int
     pack_blocks: int
     key_index: torch.Tensor
-    distances: torch.Tensor
-    key_mask: torch.Tensor
+    bias_features: torch.Tensor
+    mask_value: float
     pack_key_mask: torch.Tensor | None
 
     @property
@@ -197,9 +198,9 @@ class BlockSparseLayout:
 
         pack_attended = (torch.arange(pack_blocks * b, device=device) < s).expand(batch_size, n, 1, -1)
         window_attended = key_positions < lengths[:, None, None, None]
-        attended = torch.cat((pack_attended, window_attended), dim=-1)  # (B, n, 1, w)
-        key_mask = torch.zeros(attended.shape, device=device, dtype=bias_dtype).masked_fill(~attended, min_value)
-        key_mask = key_mask.expand(-1, -1, b, -1)
+        masked = ~torch.cat((pack_attended, window_attended), dim=-1).expand(-1, -1, b, -1)  # (B, n, b, w)
+        # Masked keys get exactly the mask value: no slope term may push it past the dtype's range.
+        bias_features = torch.cat((distances.masked_fill(masked, 0), masked[None].to(bias_dtype)))  # (4, B, n, b, w)
 
         stack_starts = torch.arange(batch_size, device=device)[:, None, None] * ((pack_blocks + n) * b)
         pack_rows = torch.arange(pack_blocks * b, device=device).expand(batch_size, n, -1)
@@ -211,10 +212,21 @@ class BlockSparseLayout:
             pack_length=s,
             pack_blocks=pack_blocks,
             key_index=key_index.flatten(0, 1),
-            distances=distances.permute(1, 2, 0, 3, 4).reshape(batch_size * n, 3, -1),
-            key_mask=key_mask.reshape(batch_size * n, 1, -1),
+            bias_features=bias_features.permute(1, 2, 0, 3, 4).reshape(batch_size * n, 4, -1),
+            mask_value=min_value,
             pack_key_mask=pack_key_mask,
         )
+
+
+def attention_bias(alpha, beta, gamma, layout: BlockSparseLayout, blocks: slice) -> torch.Tensor:
+    """The additive bias of the query blocks `blocks`: minus BiALiBi, the mask value on masked keys.
+
+    alpha, beta, gamma: (H,) -> (blocks, H, b * w), one batched product with `layout.bias_features`.
+    """
+    features = layout.bias_features[blocks]
+    mask_column = torch.full_like(alpha, layout.mask_value)[:, None]
+    coefficients = torch.cat((-bialibi_coefficients(alpha, beta, gamma), mask_column), dim=-1).to(features.dtype)
+    return torch.matmul(coefficients, features)
 
 
 def softmax_in_float(scores: torch.Tensor) -> torch.Tensor:
@@ -271,11 +283,10 @@ def unpack_sliding_window_attention(
     value_rows = _key_rows(pack_value, value, layout)
     query = F.pad(query, (0, 0, 0, 0, 0, n * b - seq_len))
     query_blocks = query.view(batch * n, b, heads, head_dim).transpose(1, 2)  # (B n, H, b, d_h)
-    coefficients = bialibi_coefficients(alpha, beta, gamma).to(layout.distances.dtype)
-    building_graph = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (query, key_rows, value_rows, coefficients)
-    )
-    explicit = need_weights or (building_graph and coefficients.requires_grad)
+    grad = torch.is_grad_enabled()
+    slopes_need_grad = grad and any(t.requires_grad for t in (alpha, beta, gamma))
+    building_graph = slopes_need_grad or (grad and any(t.requires_grad for t in (query, key_rows, value_rows)))
+    explicit = need_weights or slopes_need_grad
 
     # A graph keeps every chunk's tensors anyway, and the backward of each chunk's gather would fill and add a
     # gradient of all the keys: one chunk then.
@@ -287,10 +298,7 @@ def unpack_sliding_window_attention(
         num_blocks = index.shape[0] // w
         key_windows = key_rows.index_select(0, index).view(num_blocks, w, heads, head_dim).transpose(1, 2)
         value_windows = value_rows.index_select(0, index).view(num_blocks, w, heads, head_dim).transpose(1, 2)
-        bias = torch.baddbmm(
-            layout.key_mask[blocks], coefficients.expand(num_blocks, -1, -1), layout.distances[blocks], alpha=-1
-        )
-        bias = bias.to(query.dtype).view(num_blocks, heads, b, w)  # (blocks, H, b, w)
+        bias = attention_bias(alpha, beta, gamma, layout, blocks).to(query.dtype).view(num_blocks, heads, b, w)
         if explicit:
             scores = torch.matmul(query_blocks[blocks], key_windows.transpose(2, 3)) * scaling + bias
             weights = softmax_in_float(scores)

@@ -358,10 +358,14 @@ def test_layout_biases_packed_keys_with_the_constant():
     """The packed-key columns of the model's blocked distances give (beta + gamma) / 2 * b for every query."""
     alpha, beta, gamma = torch.tensor([0.3]), torch.tensor([0.5]), torch.tensor([0.7])
     layout = BlockSparseLayout.build(None, 1, 20, 4, 3, torch.float32, torch.device("cpu"))
-    distances = layout.distances.view(layout.num_blocks, 3, 4, layout.keys_per_block).transpose(0, 1)
-    bias = bialibi_bias(distances, alpha, beta, gamma)
+    features = layout.bias_features.view(layout.num_blocks, 4, 4, layout.keys_per_block).transpose(0, 1)
+    bias = bialibi_bias(features[:3], alpha, beta, gamma)
     assert torch.allclose(bias[..., :3], packed_key_bias(beta, gamma, 4))
-    assert (layout.key_mask.view(layout.num_blocks, 4, -1)[..., 3:4] == torch.finfo(torch.float32).min).all()
+    assert (features[3, ..., :3] == 0).all() and (features[3, ..., 3] == 1).all()  # the pack padding is masked
+    additive = modeling_littlebird.attention_bias(alpha, beta, gamma, layout, slice(None))
+    additive = additive.view(layout.num_blocks, 4, layout.keys_per_block)
+    assert torch.allclose(additive[..., :3], -packed_key_bias(beta, gamma, 4))
+    assert (additive[..., 3] == torch.finfo(torch.float32).min).all()
 
 
 def test_slopes_start_at_alibi_values_or_a_constant():
