@@ -143,7 +143,7 @@ class BlockSparseLayout:
     bias_features: (B * n, 4, b * w) for every (query, key) pair of a query block, the `bialibi_distances` channels
         and a fourth that is 1 for masked keys (padding, internal padding to a multiple of b, pack padding, blocks a
         short sequence lacks), whose other channels are 0. Unpacked keys have `b / 2` in both the "after" and "before"
-        channels, which makes their bias `packed_key_bias`. `attention_bias` turns them into the additive bias.
+        channels, which makes their bias `packed_key_bias`. `bias_coefficients` weighs them into the additive bias.
     mask_value: the most negative finite value of the compute dtype, what masked keys get.
     pack_key_mask: (B, 1, 1, L) additive mask of the pack attention's keys (padding), or None without padding.
     """
@@ -218,15 +218,14 @@ class BlockSparseLayout:
         )
 
 
-def attention_bias(alpha, beta, gamma, layout: BlockSparseLayout, blocks: slice) -> torch.Tensor:
-    """The additive bias of the query blocks `blocks`: minus BiALiBi, the mask value on masked keys.
+def bias_coefficients(alpha, beta, gamma, layout: BlockSparseLayout) -> torch.Tensor:
+    """(H,) slopes -> (H, 4) weights of `layout.bias_features`: minus BiALiBi, and the mask value on masked keys.
 
-    alpha, beta, gamma: (H,) -> (blocks, H, b * w), one batched product with `layout.bias_features`.
+    `coefficients @ layout.bias_features[blocks]` is the additive bias (blocks, H, b * w) of those query blocks.
     """
-    features = layout.bias_features[blocks]
     mask_column = torch.full_like(alpha, layout.mask_value)[:, None]
-    coefficients = torch.cat((-bialibi_coefficients(alpha, beta, gamma), mask_column), dim=-1).to(features.dtype)
-    return torch.matmul(coefficients, features)
+    coefficients = torch.cat((-bialibi_coefficients(alpha, beta, gamma), mask_column), dim=-1)
+    return coefficients.to(layout.bias_features.dtype)
 
 
 def softmax_in_float(scores: torch.Tensor) -> torch.Tensor:
@@ -287,6 +286,7 @@ def unpack_sliding_window_attention(
     slopes_need_grad = grad and any(t.requires_grad for t in (alpha, beta, gamma))
     building_graph = slopes_need_grad or (grad and any(t.requires_grad for t in (query, key_rows, value_rows)))
     explicit = need_weights or slopes_need_grad
+    coefficients = bias_coefficients(alpha, beta, gamma, layout)
 
     # A graph keeps every chunk's tensors anyway, and the backward of each chunk's gather would fill and add a
     # gradient of all the keys: one chunk then.
@@ -298,7 +298,7 @@ def unpack_sliding_window_attention(
         num_blocks = index.shape[0] // w
         key_windows = key_rows.index_select(0, index).view(num_blocks, w, heads, head_dim).transpose(1, 2)
         value_windows = value_rows.index_select(0, index).view(num_blocks, w, heads, head_dim).transpose(1, 2)
-        bias = attention_bias(alpha, beta, gamma, layout, blocks).to(query.dtype).view(num_blocks, heads, b, w)
+        bias = torch.matmul(coefficients, layout.bias_features[blocks]).to(query.dtype).view(num_blocks, heads, b, w)
         if explicit:
             scores = torch.matmul(query_blocks[blocks], key_windows.transpose(2, 3)) * scaling + bias
             weights = softmax_in_float(scores)

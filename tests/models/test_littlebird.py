@@ -362,7 +362,7 @@ def test_layout_biases_packed_keys_with_the_constant():
     bias = bialibi_bias(features[:3], alpha, beta, gamma)
     assert torch.allclose(bias[..., :3], packed_key_bias(beta, gamma, 4))
     assert (features[3, ..., :3] == 0).all() and (features[3, ..., 3] == 1).all()  # the pack padding is masked
-    additive = modeling_littlebird.attention_bias(alpha, beta, gamma, layout, slice(None))
+    additive = modeling_littlebird.bias_coefficients(alpha, beta, gamma, layout) @ layout.bias_features
     additive = additive.view(layout.num_blocks, 4, layout.keys_per_block)
     assert torch.allclose(additive[..., :3], -packed_key_bias(beta, gamma, 4))
     assert (additive[..., 3] == torch.finfo(torch.float32).min).all()
