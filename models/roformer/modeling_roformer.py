@@ -122,14 +122,15 @@ def expand_cos_sin(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[t
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
     """Rotate the first `r = cos.shape[-1]` features of each head of `x`; the rest pass through.
 
-    x: (B, H, L, D); cos, sin: (B or 1, 1, L, r) from `expand_cos_sin`. "interleaved" rotates feature pairs
-    (2i, 2i+1), as RoFormer and GPT-J do; "half" rotates (i, i + r/2), as GPT-NeoX and LLaMA do:
+    x: (B, L, H, D), the projection's own layout; cos, sin: (B or 1, L, 1, r) from `expand_cos_sin`.
+    "interleaved" rotates feature pairs (2i, 2i+1), as RoFormer and GPT-J do; "half" rotates (i, i + r/2), as
+    GPT-NeoX and LLaMA do:
     x'_a = x_a cos - x_b sin, x'_b = x_b cos + x_a sin for each pair (a, b).
     """
     r = cos.shape[-1]
     rot = x[..., :r]
     if layout == "interleaved":
-        pairs = rot.unflatten(-1, (r // 2, 2))  # (B, H, L, r/2, 2)
+        pairs = rot.unflatten(-1, (r // 2, 2))  # (B, L, H, r/2, 2)
         swapped = torch.stack((pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
     else:
         swapped = torch.cat((rot[..., r // 2 :], rot[..., : r // 2]), dim=-1)
@@ -211,7 +212,7 @@ class RoFormerRotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor, total_length: int, dtype: torch.dtype):
-        """position_ids: (B or 1, L) -> cos, sin of shape (B or 1, 1, L, rotary_dim) in `dtype`, laid out for
+        """position_ids: (B or 1, L) -> cos, sin of shape (B or 1, L, 1, rotary_dim) in `dtype`, laid out for
         `apply_rotary` in the config's current `rope_layout`."""
         max_cached = self.config.max_position_embeddings
         if total_length > max_cached and not self.dynamic and not self.config.rope_scaling:
@@ -223,7 +224,7 @@ class RoFormerRotaryEmbedding(nn.Module):
             cos, sin = self.compute_tables(position_ids, seq_len=total_length)
         else:
             cos, sin = self.cos_cached[position_ids], self.sin_cached[position_ids]
-        cos, sin = expand_cos_sin(cos[:, None].to(dtype), sin[:, None].to(dtype), self.config.rope_layout)
+        cos, sin = expand_cos_sin(cos[:, :, None].to(dtype), sin[:, :, None].to(dtype), self.config.rope_layout)
         return cos, sin
 
 
@@ -375,9 +376,11 @@ class RoFormerSelfAttention(nn.Module):
     ):
         batch_size, seq_len, _ = hidden_states.shape
         head_shape = (batch_size, seq_len, self.num_attention_heads, self.attention_head_size)
-        query = self.query(hidden_states).view(head_shape).transpose(1, 2)  # (B, H, L, D)
-        key = self.key(hidden_states).view(head_shape).transpose(1, 2)
-        value = self.value(hidden_states).view(head_shape).transpose(1, 2)
+        # Rotation runs in the projections' (B, L, H, D) layout; the attention kernels get (B, H, L, D) views of it,
+        # the strides sdpa's CPU kernel is fastest with.
+        query = self.query(hidden_states).view(head_shape)
+        key = self.key(hidden_states).view(head_shape)
+        value = self.value(hidden_states).view(head_shape)
         cos, sin = position_embeddings
 
         if self.linear_kernel:
@@ -385,10 +388,11 @@ class RoFormerSelfAttention(nn.Module):
                 query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions
             )
 
-        query = apply_rotary(query, cos, sin, self.config.rope_layout)
-        key = apply_rotary(key, cos, sin, self.config.rope_layout)
+        query = apply_rotary(query, cos, sin, self.config.rope_layout).transpose(1, 2)  # (B, H, L, D)
+        key = apply_rotary(key, cos, sin, self.config.rope_layout).transpose(1, 2)
         if self.rotary_value:
             value = apply_rotary(value, cos, sin, self.config.rope_layout)
+        value = value.transpose(1, 2)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
 
@@ -416,12 +420,15 @@ class RoFormerSelfAttention(nn.Module):
         return context.reshape(batch_size, seq_len, -1), weights
 
     def _linear_forward(self, query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions):
-        batch_size, _, seq_len, head_dim = query.shape
+        batch_size, seq_len, _, head_dim = query.shape
         query_features, key_features = elu_feature_map(query), elu_feature_map(key)
         rotated_query = apply_rotary(query_features, cos, sin, self.config.rope_layout)
         rotated_key = apply_rotary(key_features, cos, sin, self.config.rope_layout)
         if self.rotary_value:
             value = apply_rotary(value, cos, sin, self.config.rope_layout)
+        query_features, key_features, rotated_query, rotated_key, value = (
+            t.transpose(1, 2) for t in (query_features, key_features, rotated_query, rotated_key, value)
+        )
         if past_key_values is not None:
             # The cache keeps rotated and plain key features side by side: the numerator needs one, the denominator
             # the other.
