@@ -1,0 +1,88 @@
+"""Run a benchmark suite and print a markdown table; the full report goes to benchmarks/results/<suite>.json.
+
+    python -m benchmarks.run --model roformer [--seq-lens 128 512 2048] [--batch 1] [--repeats N] [--quick]
+
+On CPU the torch thread count is fixed for the whole run (`--threads`, default: every core) and recorded; models run
+in float32. With CUDA available they run on the GPU in bfloat16.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .harness import WORKLOADS, Options, format_markdown, run_suite, write_json
+from .registry import SUITES, build_suite, default_seq_lens
+
+QUICK_SEQ_LENS = (128, 512)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, choices=sorted(SUITES), help="benchmark suite")
+    parser.add_argument("--seq-lens", type=int, nargs="+", help="sequence lengths (default: the suite's, 128 512 2048)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="timed runs per model and length (default: 15 up to 256 tokens, 7 up to 1024, 3 beyond)",
+    )
+    parser.add_argument("--warmup", type=int, help="untimed runs per model first (default: 2, 1 beyond 1024 tokens)")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke run: lengths {' '.join(map(str, QUICK_SEQ_LENS))}, 3 timed runs, 1 warmup",
+    )
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads on CPU")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16", "float16"), help="default: bfloat16 on CUDA, float32 on CPU"
+    )
+    parser.add_argument(
+        "--dropout",
+        action="store_true",
+        help="run the train workload in train mode (dropout on; on CPU sdpa then falls back to its math path)",
+    )
+    parser.add_argument(
+        "--max-other-cpu",
+        type=float,
+        default=10.0,
+        help="redo a timed round when other processes used more than this %% of the CPU during it (0: never redo)",
+    )
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--output", type=Path, help="JSON path (default: benchmarks/results/<model>.json)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.quick:
+        seq_lens = args.seq_lens or list(QUICK_SEQ_LENS)
+        repeats, warmup = args.repeats or 3, 1 if args.warmup is None else args.warmup
+    else:
+        seq_lens, repeats, warmup = args.seq_lens, args.repeats, args.warmup
+    seq_lens = list(seq_lens or default_seq_lens(args.model))
+    suite = build_suite(args.model, max_seq_len=max(seq_lens))
+    options = Options(
+        seq_lens=seq_lens,
+        batch=args.batch,
+        workloads=args.workloads,
+        repeats=repeats,
+        warmup=warmup,
+        threads=args.threads,
+        device=args.device,
+        dtype=args.dtype,
+        measure_memory=not args.no_memory,
+        train_mode_dropout=args.dropout,
+        max_foreign_cpu=args.max_other_cpu or None,
+    )
+    report = run_suite(suite, options)
+    path = write_json(report, args.output)
+    sys.stdout.write(format_markdown(report))
+    print(f"\nJSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
