@@ -12,6 +12,9 @@ from .harness import DEFAULT_SEQ_LENS, Suite
 
 SUITES = {
     "roformer": "benchmarks.roformer:build_suite",
+    "deberta": "benchmarks.deberta:build_suite",
+    "littlebird": "benchmarks.littlebird:build_suite",
+    "littlebird-scaling": "benchmarks.littlebird:build_scaling_suite",
 }
 
 
