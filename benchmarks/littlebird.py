@@ -1,12 +1,13 @@
 """LittleBird base (12 x 768 x 12 heads, block 64, pack 64) vs transformers' long-input encoders of the same size:
-BigBirdModel (block_sparse, block 64, 3 random blocks) and LongformerModel (window 512). The models do not compute the
-same function (no shared weights): the comparison is the cost of reading a long document.
+BigBirdModel (block_sparse, block 64, 3 random blocks) and LongformerModel (window 512), with BERT (sdpa, dense
+attention) as the yardstick of an encoder this size. The models do not compute the same function (no shared weights):
+the comparison is the cost of reading a long document.
 
 `littlebird-scaling` times LittleBird alone from 1024 to 16384 tokens, to check that the cost grows linearly.
 """
 
 import torch
-from transformers import BigBirdConfig, BigBirdModel, LongformerConfig, LongformerModel
+from transformers import BertConfig, BertModel, BigBirdConfig, BigBirdModel, LongformerConfig, LongformerModel
 
 import posformers
 
@@ -51,15 +52,21 @@ def build_suite(max_seq_len: int) -> Suite:
         config = LongformerConfig(**BASE, attention_window=512, max_position_embeddings=positions + 2, pad_token_id=1)
         return LongformerModel(config, add_pooling_layer=False)
 
+    def bert_sdpa():
+        torch.manual_seed(0)
+        config = BertConfig(**BASE, max_position_embeddings=positions, attn_implementation="sdpa")
+        return BertModel(config, add_pooling_layer=False)
+
     return Suite(
         name="littlebird",
         models=[
             ModelEntry("posformers", _littlebird, "posformers.LittleBirdModel (block 64, pack 64)"),
             ModelEntry("hf-bigbird", bigbird, "transformers.BigBirdModel, block_sparse, block 64, 3 random blocks"),
             ModelEntry("hf-longformer", longformer, "transformers.LongformerModel, attention_window 512"),
+            ModelEntry("hf-bert-sdpa", bert_sdpa, "transformers.BertModel, sdpa (dense attention), no pooler"),
         ],
         candidate="posformers",
-        references=["hf-bigbird", "hf-longformer"],
+        references=["hf-bigbird", "hf-longformer", "hf-bert-sdpa"],
         make_inputs=_make_inputs,
         config=BASE,
         targets=[
