@@ -609,11 +609,11 @@ def _check_inputs(
         ("input_ids", input_ids, config.vocab_size),
         ("token_type_ids", token_type_ids, config.type_vocab_size),
     ):
-        if tensor is not None and tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= size):
-            raise ValueError(
-                f"{name} must lie in [0, {size}) for this config, got values in "
-                f"[{int(tensor.min())}, {int(tensor.max())}]"
-            )
+        if tensor is None or not tensor.numel():
+            continue
+        low, high = (int(v) for v in torch.aminmax(tensor))  # one pass, one device sync
+        if low < 0 or high >= size:
+            raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
 
 
 class RoFormerModel(RoFormerPreTrainedModel):
