@@ -303,7 +303,8 @@ def unpack_sliding_window_attention(
             scores = torch.matmul(query_blocks[blocks], key_windows.transpose(2, 3)) * scaling + bias
             weights = softmax_in_float(scores)
             context = torch.matmul(F.dropout(weights, p=dropout, training=dropout > 0), value_windows)
-            all_weights.append(weights)
+            if need_weights:
+                all_weights.append(weights)
         else:
             context = F.scaled_dot_product_attention(
                 query_blocks[blocks], key_windows, value_windows, attn_mask=bias, dropout_p=dropout, scale=scaling
