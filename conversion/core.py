@@ -1,0 +1,455 @@
+"""The core shared by `posformers-convert`: safe loading, key maps with strict accounting, checks, verification, output.
+
+A family module (roformer.py, deberta.py, littlebird.py) reads its source with `load_tensors` (or its own reader, e.g.
+TensorFlow checkpoints), renames it with a `KeyMap` (every source tensor is mapped or dropped with a reason), checks
+the result against the posformers model with `check_state_dict`, builds the model with `build_model`, compares it with
+the reference implementation with `compare_outputs`, and hands it to `write_output`.
+
+Every user-facing failure is a `ConversionError`: the CLI prints its message and exits with status 1, no traceback.
+
+Non-tensor entries of a PyTorch checkpoint (legacy configs or step counters that some releases pickle beside the
+weights) are not returned by `load_tensors`: they are listed in a printed note, because they are not weights and a
+converted model never needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PYTORCH_INDEX = "pytorch_model.bin.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_TOLERANCE = 1e-4
+# Above this many tensors a mapping shows a progress bar (when stderr is a terminal).
+PROGRESS_MIN_TENSORS = 200
+
+
+class ConversionError(Exception):
+    """A problem with the user's input or the conversion; its message says what and where, and what to do."""
+
+
+def log(message: str = "") -> None:
+    """Progress and report lines go to stdout, so that they can be read (and checked) when run as a command."""
+    print(message, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def checkpoint_files(path: str | Path) -> list[Path]:
+    """The weight files of `path` (a file or a directory), safetensors preferred over pickles.
+
+    In a directory: the shards named by `model.safetensors.index.json`, else every `*.safetensors`, else the shards of
+    `pytorch_model.bin.index.json`, else every `*.bin` / `*.pt` / `*.pth` / `*.ckpt`.
+    """
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise ConversionError(f"{path}: no such file or directory")
+    for index_name, pattern in ((SAFETENSORS_INDEX, "*.safetensors"), (PYTORCH_INDEX, None)):
+        index = path / index_name
+        if index.is_file():
+            return _indexed_files(index)
+        if pattern and (files := sorted(path.glob(pattern))):
+            return files
+    files = sorted(file for suffix in PICKLE_SUFFIXES for file in path.glob(f"*{suffix}"))
+    if not files:
+        raise ConversionError(
+            f"{path}: no weights found (looked for {SAFETENSORS_INDEX}, *.safetensors, {PYTORCH_INDEX}, "
+            f"{', '.join('*' + s for s in PICKLE_SUFFIXES)})"
+        )
+    return files
+
+
+def _indexed_files(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ConversionError(f"{index}: not a valid shard index ({error})") from error
+    files = [index.parent / name for name in dict.fromkeys(weight_map.values())]
+    if missing := [str(file) for file in files if not file.is_file()]:
+        raise ConversionError(f"{index} names shard files that do not exist: {missing}")
+    return files
+
+
+def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint at `path` (file or directory, sharded or not), on the CPU, by name.
+
+    safetensors files are read as they are; pickles (`*.bin`, `*.pt`, ...) only with `torch.load(weights_only=True)`,
+    which refuses anything that would run code. Non-tensor entries are left out with a printed note.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    for file in checkpoint_files(path):
+        loaded = _load_safetensors(file) if file.suffix == ".safetensors" else _load_pickle(file)
+        if duplicates := sorted(set(loaded) & set(tensors)):
+            raise ConversionError(f"{file}: tensors also found in another shard: {duplicates}")
+        tensors.update(loaded)
+    if not tensors:
+        raise ConversionError(f"{path}: the checkpoint holds no tensors")
+    return tensors
+
+
+def _load_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError) as error:
+        raise ConversionError(f"{file}: not a readable safetensors file ({error})") from error
+
+
+def _load_pickle(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        try:
+            loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as error:  # mmap needs the zip format; legacy (torch<1.6) files are read into memory
+            if "mmap" not in str(error) and "zip" not in str(error):
+                raise
+            loaded = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ConversionError(
+            f"{file}: refused to load. This pickle needs more than tensors to be unpickled, which could run arbitrary "
+            f"code, so it is not read. torch said: {str(error).splitlines()[0]}\n"
+            "If you trust the file, re-save its tensors in a separate step, e.g. "
+            "`safetensors.torch.save_file(torch.load(path, weights_only=False), 'model.safetensors')`, and convert "
+            "the safetensors file."
+        ) from error
+    except (RuntimeError, OSError, EOFError) as error:
+        raise ConversionError(f"{file}: not a readable PyTorch checkpoint ({error})") from error
+    if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
+        loaded = loaded["state_dict"]  # training checkpoints wrap the weights
+    if not isinstance(loaded, dict):
+        raise ConversionError(f"{file}: expected a dict of tensors, found a {type(loaded).__name__}")
+    tensors = {key: value for key, value in loaded.items() if isinstance(value, torch.Tensor)}
+    if others := sorted(set(loaded) - set(tensors)):
+        log(f"note: {file.name}: ignored non-tensor entries (not weights): {others}")
+    return tensors
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Key maps and strict accounting
+# ---------------------------------------------------------------------------------------------------------------------
+
+# A rule's replacement: a `re` template ("roformer.encoder.layer.\\1.attention.self.query.weight"), or a callable
+# `(match, tensor) -> {target_key: tensor}` for transposes, splits and anything else (it may return several keys).
+Replacement = str | Callable[[re.Match, torch.Tensor], dict[str, torch.Tensor]]
+
+
+def transposed(template: str) -> Callable[[re.Match, torch.Tensor], dict[str, torch.Tensor]]:
+    """A rule replacement that renames with `template` and transposes a 2-D kernel ((in, out) -> (out, in))."""
+
+    def rule(match: re.Match, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        if tensor.dim() != 2:
+            raise ConversionError(f"{match.string}: expected a 2-D kernel, got shape {tuple(tensor.shape)}")
+        return {match.expand(template): tensor.t().contiguous()}
+
+    return rule
+
+
+@dataclass
+class MappingReport:
+    """What `KeyMap.apply` did: (source, target) pairs and (source, reason) pairs, in source order."""
+
+    mapped: list[tuple[str, str]] = field(default_factory=list)
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"mapped {len(self.mapped)} tensors, dropped {len(self.dropped)}"]
+        by_reason: dict[str, list[str]] = {}
+        for key, reason in self.dropped:
+            by_reason.setdefault(reason, []).append(key)
+        for reason, keys in by_reason.items():
+            shown = ", ".join(keys[:3]) + (f", ... ({len(keys)} in all)" if len(keys) > 3 else "")
+            lines.append(f"  dropped {shown}: {reason}")
+        return "\n".join(lines)
+
+
+class KeyMap:
+    """Renames a source state dict into posformers names; every source key must be mapped or deliberately dropped.
+
+    rules: ordered `(regex, replacement)`; the first regex that fully matches a key maps it (see `Replacement`).
+    dropped: `{regex: reason}`; a key fully matching one of them is dropped with that reason (checked before rules,
+        so an optimizer slot like `.../kernel/adam_m` is never mapped by accident).
+    """
+
+    def __init__(self, rules: Iterable[tuple[str, Replacement]], dropped: dict[str, str] | None = None):
+        self.rules = [(re.compile(pattern), replacement) for pattern, replacement in rules]
+        self.dropped = [(re.compile(pattern), reason) for pattern, reason in (dropped or {}).items()]
+
+    def apply(self, source: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], MappingReport]:
+        """The renamed tensors and a report. `source` is emptied as it goes, so only one copy of the weights lives.
+
+        Raises ConversionError listing every key that no rule or drop pattern matches (nothing is returned then),
+        and for two source keys that map to the same target.
+        """
+        if unmatched := [key for key in source if self._drop_reason(key) is None and self._rule(key) is None]:
+            raise ConversionError(
+                f"{len(unmatched)} source tensor(s) are neither mapped nor deliberately dropped, so the conversion "
+                f"stops rather than lose them: {unmatched}"
+            )
+        target: dict[str, torch.Tensor] = {}
+        report = MappingReport()
+        for key in _progress(list(source), "mapping tensors"):
+            tensor = source.pop(key)
+            if (reason := self._drop_reason(key)) is not None:
+                report.dropped.append((key, reason))
+                continue
+            pattern, replacement = self._rule(key)
+            match = pattern.fullmatch(key)
+            if isinstance(replacement, str):
+                produced = {match.expand(replacement): tensor}
+            else:
+                produced = replacement(match, tensor)
+            for new_key, new_tensor in produced.items():
+                if new_key in target:
+                    raise ConversionError(f"two source tensors map to {new_key!r} (the second is {key!r})")
+                target[new_key] = new_tensor
+                report.mapped.append((key, new_key))
+        return target, report
+
+    def _drop_reason(self, key: str) -> str | None:
+        return next((reason for pattern, reason in self.dropped if pattern.fullmatch(key)), None)
+
+    def _rule(self, key: str):
+        return next(((pattern, rep) for pattern, rep in self.rules if pattern.fullmatch(key)), None)
+
+
+def _progress(items: list, description: str) -> Iterator:
+    from tqdm.auto import tqdm
+
+    disable = len(items) < PROGRESS_MIN_TENSORS or not sys.stderr.isatty()
+    return iter(tqdm(items, desc=description, unit="tensor", disable=disable))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checks and the model
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def expected_state(model_class, config) -> tuple[dict[str, torch.Size], set[str]]:
+    """Shapes of the persistent tensors `model_class(config)` holds, and the tied keys it recreates by itself.
+
+    The model is built on the meta device: no memory, no initialisation.
+    """
+    with torch.device("meta"):
+        model = model_class(config)
+    shapes = {key: value.shape for key, value in model.state_dict().items()}
+    return shapes, set(getattr(model, "all_tied_weights_keys", None) or {})
+
+
+def check_state_dict(model, target: dict[str, torch.Tensor]) -> None:
+    """Stop (ConversionError) unless `target` fills exactly the persistent tensors of `model`, with their shapes.
+
+    model: a model instance, or `(model_class, config)`. Tied weights the model recreates (the MLM decoder tied to
+    the word embeddings) may be present or absent. The message names every missing and unexpected key and every
+    shape mismatch (expected vs found).
+    """
+    if isinstance(model, tuple):
+        shapes, tied = expected_state(*model)
+    else:
+        shapes = {key: value.shape for key, value in model.state_dict().items()}
+        tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    missing = sorted(set(shapes) - set(target) - tied)
+    unexpected = sorted(set(target) - set(shapes))
+    mismatched = [
+        f"{key}: expected {tuple(shapes[key])}, found {tuple(target[key].shape)}"
+        for key in sorted(set(shapes) & set(target))
+        if tuple(shapes[key]) != tuple(target[key].shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing (the model needs them, the source has nothing for them): {missing}")
+    if unexpected:
+        problems.append(f"unexpected (the model has no such tensor): {unexpected}")
+    if mismatched:
+        problems.append("shape mismatches: " + "; ".join(mismatched))
+    if problems:
+        raise ConversionError("The converted weights do not fit the model:\n  " + "\n  ".join(problems))
+
+
+def build_model(model_class, config, target: dict[str, torch.Tensor]):
+    """`model_class(config)` holding `target` (checked with `check_state_dict` first), in eval mode.
+
+    Goes through transformers' own loading path (`from_pretrained(None, state_dict=...)`), so tied weights and
+    computed buffers are set up exactly as for a model loaded from disk.
+    """
+    check_state_dict((model_class, config), target)
+    dtype = next(iter(target.values())).dtype
+    model = model_class.from_pretrained(None, config=config, state_dict=target, dtype=dtype)
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Verification
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def max_abs_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    if actual.shape != expected.shape:
+        raise ConversionError(f"output shapes differ: {tuple(actual.shape)} vs reference {tuple(expected.shape)}")
+    return (actual.double() - expected.double()).abs().max().item()
+
+
+def compare_outputs(
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], tolerance: float = DEFAULT_TOLERANCE
+) -> dict[str, float]:
+    """Print "output | max abs diff" for each `(ours, reference)` pair; ConversionError if any exceeds `tolerance`."""
+    diffs = {name: max_abs_diff(ours, reference) for name, (ours, reference) in pairs.items()}
+    width = max(len("output"), *(len(name) for name in diffs))
+    log("verification against the reference implementation:")
+    log(f"  {'output'.ljust(width)} | max abs diff")
+    for name, diff in diffs.items():
+        log(f"  {name.ljust(width)} | {diff:.3e}")
+    if failed := {name: diff for name, diff in diffs.items() if not diff <= tolerance}:
+        raise ConversionError(
+            f"verification failed: {', '.join(f'{n} differs by {d:.3e}' for n, d in failed.items())} "
+            f"(tolerance {tolerance:g}); nothing was written"
+        )
+    log(f"  all outputs within {tolerance:g}")
+    return diffs
+
+
+def verification_batch(vocab_size: int, type_vocab_size: int = 2, *, batch: int = 2, length: int = 12, seed: int = 0):
+    """A fixed batch: random ids (the second row half padding) and two segments. Returns model input tensors."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, vocab_size, (batch, length), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1:, length // 2 :] = 0
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if type_vocab_size > 1:
+        token_type_ids = torch.zeros_like(input_ids)
+        token_type_ids[:, length // 3 :] = 1
+        inputs["token_type_ids"] = token_type_ids
+    return inputs
+
+
+def masked_hidden(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """`hidden` (B, L, ...) with padded positions zeroed: outputs there are arbitrary and not compared."""
+    keep = attention_mask.to(hidden.dtype).reshape(*attention_mask.shape, *([1] * (hidden.dim() - 2)))
+    return hidden * keep
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def check_output_dir(output_dir: str | Path, overwrite: bool) -> Path:
+    """Refuse a non-empty `output_dir` unless `overwrite`; called first, before any work."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConversionError(f"--output {output_dir} exists and is not a directory")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
+        raise ConversionError(
+            f"--output {output_dir} exists and is not empty; pass --overwrite to replace it (its contents are deleted)"
+        )
+    return output_dir
+
+
+@dataclass
+class OutputInfo:
+    """What the model card says about where the weights came from."""
+
+    source_description: str  # e.g. "ZhuiyiTechnology RoFormer TensorFlow checkpoint /data/.../bert_model.ckpt"
+    command_line: str
+    base_model: str | None = None  # a Hub repo id the source is known as, for the card metadata
+    verification: dict[str, float] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def conversion_card(model, info: OutputInfo, repo_id: str | None = None) -> str:
+    """README.md: posformers' model card (metadata, usage, config) plus how the weights were converted."""
+    from posformers import hub
+
+    card = str(hub.model_card(model, repo_id, base_model=info.base_model or False, tags=("converted",)))
+    lines = ["", "## Conversion", "", f"Converted from {info.source_description} with:", "", "```bash"]
+    lines += [info.command_line, "```", ""]
+    if info.verification:
+        lines += ["Verification against the reference implementation (max abs difference, fp32):", ""]
+        lines += ["| output | max abs diff |", "|---|---|"]
+        lines += [f"| {name} | {diff:.2e} |" for name, diff in info.verification.items()]
+        lines.append("")
+    else:
+        lines += ["The conversion ran with `--no-verify`: outputs were not compared with a reference.", ""]
+    lines += [f"- {note}" for note in info.notes]
+    return card.rstrip("\n") + "\n" + "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_output(
+    model,
+    output_dir: str | Path,
+    *,
+    overwrite: bool,
+    info: OutputInfo,
+    tokenizer=None,
+    dtype: str = "float32",
+    max_shard_size: str | int = "5GB",
+    push_to_hub: str | None = None,
+) -> Path:
+    """Save `model` (safetensors, sharded above `max_shard_size`, with its remote-code files), `tokenizer` and a model
+    card into `output_dir`, atomically: everything goes into a temporary sibling directory that is renamed at the end,
+    so a failure never leaves a partial output. Then push the directory to `push_to_hub` (a repo id) if given.
+    """
+    output_dir = check_output_dir(output_dir, overwrite).resolve()
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    model = model.to(DTYPES[dtype])
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.partial-", dir=output_dir.parent))
+    try:
+        model.save_pretrained(staging, max_shard_size=max_shard_size)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        (staging / "README.md").write_text(conversion_card(model, info, push_to_hub), encoding="utf-8")
+        _replace_dir(staging, output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"wrote {output_dir}: {', '.join(sorted(path.name for path in output_dir.iterdir()))}")
+    if push_to_hub:
+        push_output(model, output_dir, push_to_hub, tokenizer=tokenizer, max_shard_size=max_shard_size)
+    return output_dir
+
+
+def _replace_dir(staging: Path, output_dir: Path) -> None:
+    """Move `staging` to `output_dir`; an existing `output_dir` (allowed by --overwrite) is removed only once the new
+    one is in place."""
+    if not output_dir.exists():
+        staging.rename(output_dir)
+        return
+    old = output_dir.with_name(f".{output_dir.name}.old-{staging.name.rsplit('-', 1)[-1]}")
+    output_dir.rename(old)
+    try:
+        staging.rename(output_dir)
+    except BaseException:
+        old.rename(output_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def push_output(model, output_dir: Path, repo_id: str, *, tokenizer=None, max_shard_size: str | int = "5GB") -> None:
+    """Upload the written directory through posformers' `save_pretrained(push_to_hub=True)`: the conversion card
+    already in `output_dir` is kept (a README.md already on the Hub is merged, not replaced), weights and code are
+    re-saved identically and uploaded; the tokenizer follows with its own `push_to_hub`."""
+    try:
+        model.save_pretrained(output_dir, push_to_hub=True, repo_id=repo_id, max_shard_size=max_shard_size)
+        if tokenizer is not None:
+            tokenizer.push_to_hub(repo_id)
+    except Exception as error:  # the local output is complete; say so, and why the upload failed
+        raise ConversionError(
+            f"the converted model is complete in {output_dir}, but pushing it to {repo_id} failed: {error}"
+        ) from error
+    log(f"pushed {output_dir} to {repo_id}")
