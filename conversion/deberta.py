@@ -1,0 +1,576 @@
+"""`posformers-convert deberta --from {hf,original}`: Microsoft's DeBERTa v1, v2, v3 and mDeBERTa checkpoints.
+
+Sources:
+
+* `--from hf`: the checkpoints Microsoft publishes on the Hub (microsoft/deberta-base, -large, -xlarge;
+  deberta-v2-xlarge, -xxlarge; deberta-v3-xsmall, -small, -base, -large; mdeberta-v3-base): `config.json` with
+  model_type "deberta" or "deberta-v2", `pytorch_model.bin` or `*.safetensors` (tensors stored in fp16; converted
+  to fp32, then saved in `--dtype`), tokenizer files (GPT-2 BPE `vocab.json` + `merges.txt` for v1, SentencePiece `spm.model` for v2/v3).
+* `--from original`: the release assets of the microsoft/DeBERTa repository: `pytorch.model.bin` (older releases) or
+  `pytorch_model.bin`, `model_config.json` (the repository's `ModelConfig`: no model_type, `padding_idx`, defaults of
+  that code; the config may also sit in the state dict under "config"), and `bpe_encoder.bin` (v1) or `spm.model`.
+  Key names are the repository's: `deberta.embeddings.*`, `deberta.encoder.layer.N.attention.self.in_proj.weight`,
+  `q_bias`, `v_bias`, `pos_proj`, `pos_q_proj` for v1, `query_proj`/`key_proj`/... for v2/v3,
+  `lm_predictions.lm_head.*` and the RTD head `mask_predictions.*` with its classifier spelled `classifer`.
+
+Both use posformers' names unchanged for the encoder (posformers' DeBERTa keeps the official names; v1 keeps its
+fused `in_proj` layout), so the mapping is mostly accounting. Which head the output is:
+
+* `DebertaForReplacedTokenDetection` when the source has `mask_predictions.*` (the RTD head of the v3 discriminators).
+  Their `lm_predictions.*` head is then dropped: the v3 checkpoints were trained by replaced token detection, not by
+  masked language modelling, so that head is not a trained MLM (`--head masked-lm` keeps it instead);
+* else `DebertaForMaskedLM` when it has `lm_predictions.*` (v1/v2), with the Enhanced Mask Decoder, which reads the
+  absolute position table `deberta.embeddings.position_embeddings.weight` that the encoder itself does not add;
+* else `DebertaModel`. `--head` overrides the choice; what a head does not use is dropped with the reason.
+
+Verification runs transformers' DebertaModel / DebertaV2Model on weights that transformers loads strictly under its
+own names (`transformers_weights`, a table separate from the conversion's), and compares every hidden state. The
+heads have no transformers counterpart that computes what the official models compute (transformers' MLM head has no
+Enhanced Mask Decoder, and there is no RTD head), so their references are built from transformers' modules:
+
+* MLM: the official EnhancedMaskDecoder (DeBERTa/apps/models/masked_language_model.py) on transformers' encoder: its
+  last layer applied twice with keys/values from transformers' `hidden_states[-2]` and queries starting from those
+  plus the absolute positions, then transformers' non-legacy `lm_predictions` head. For v1, transformers' layer cannot
+  take separate query states (its `in_proj` path transposes a 3-D tensor), so the last layer is rebuilt as
+  transformers' DebertaV2Layer with the official repository's own v1 -> v2 weight rule (its `_pre_load_hook`).
+* RTD: the official LMMaskPredictionHead (replaced_token_detection_model.py) on transformers' last hidden state:
+  LayerNorm(h + h[CLS]), dense, activation, classifier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from posformers.conversion import core
+from posformers.conversion.core import ConversionError, log
+
+HELP = "DeBERTa v1/v2/v3/mdeberta: HF-format checkpoints or the microsoft/DeBERTa repository's"
+HEADS = ("auto", "model", "masked-lm", "rtd")
+HEAD_CLASSES = {"model": "DebertaModel", "masked-lm": "DebertaForMaskedLM", "rtd": "DebertaForReplacedTokenDetection"}
+ORIGINAL_WEIGHTS = ("pytorch.model*.bin", "pytorch_model*.bin")
+
+# What a field means when the repository's model_config.json leaves it out: its `ModelConfig` defaults and the
+# `getattr(config, name, default)` fallbacks of its modules (bert.py, disentangled_attention.py, ops.py).
+ORIGINAL_DEFAULTS = dict(
+    hidden_act="gelu",
+    hidden_dropout_prob=0.1,
+    attention_probs_dropout_prob=0.1,
+    max_position_embeddings=512,
+    type_vocab_size=0,
+    initializer_range=0.02,
+    layer_norm_eps=1e-7,
+    padding_idx=0,
+    relative_attention=False,
+    max_relative_positions=-1,
+    position_biased_input=True,
+    pos_att_type="c2p",
+    position_buckets=-1,
+    share_att_key=False,
+    norm_rel_ebd="none",
+    conv_kernel_size=0,
+    conv_act="tanh",
+    conv_groups=1,
+)
+# config.json entries that describe a file, not the architecture.
+NON_ARCHITECTURE_FIELDS = ("architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype", "auto_map")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--from",
+        dest="source_format",
+        required=True,
+        choices=("hf", "original"),
+        help="hf: Microsoft's checkpoints on the Hub (config.json); original: microsoft/DeBERTa release files "
+        "(pytorch.model.bin + model_config.json)",
+    )
+    parser.add_argument(
+        "--head",
+        choices=HEADS,
+        default="auto",
+        help="output class: auto (rtd if mask_predictions.*, else masked-lm if lm_predictions.*, else model)",
+    )
+    parser.add_argument(
+        "--vocab",
+        help="tokenizer files when the source has none: spm.model (v2/v3), a directory with vocab.json + merges.txt "
+        "(v1), or the repository's bpe_encoder.bin (v1)",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading the source: an official config dict (model_type "deberta" / "deberta-v2") and the tensors
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def read_hf_config(source: Path) -> dict:
+    path = source / "config.json"
+    if not path.is_file():
+        raise ConversionError(f"{source}: no config.json; --from hf needs a Hugging Face model directory")
+    config = _read_json(path)
+    if config.get("model_type") not in ("deberta", "deberta-v2"):
+        raise ConversionError(
+            f"{path}: model_type is {config.get('model_type')!r}; --from hf converts 'deberta' or 'deberta-v2' "
+            "(for the microsoft/DeBERTa repository's files use --from original)"
+        )
+    return config
+
+
+def original_weight_file(source: Path) -> Path:
+    """The repository's single weight file: `pytorch.model.bin` (old releases) or `pytorch_model.bin`."""
+    if source.is_file():
+        return source
+    if not source.is_dir():
+        raise ConversionError(f"{source}: no such file or directory")
+    files = sorted({file for pattern in ORIGINAL_WEIGHTS for file in source.glob(pattern)})
+    if len(files) != 1:
+        found = [file.name for file in files] or "none"
+        raise ConversionError(f"{source}: expected one of {' / '.join(ORIGINAL_WEIGHTS)}, found {found}")
+    return files[0]
+
+
+def read_original_config(weight_file: Path, tensors: dict[str, torch.Tensor]) -> dict:
+    """The repository's config (model_config.json beside the weights, else the state's "config" entry, as its
+    `load_model_state` reads it), as an official config dict: defaults filled, `padding_idx` -> `pad_token_id`,
+    model_type from the layout of the weights."""
+    path = weight_file.parent / "model_config.json"
+    if path.is_file():
+        config = _read_json(path)
+    else:
+        state = torch.load(weight_file, map_location="cpu", weights_only=True, mmap=True)
+        config = state.get("config") if isinstance(state, dict) else None
+        if not isinstance(config, dict):
+            raise ConversionError(
+                f"{weight_file.parent}: no model_config.json, and {weight_file.name} holds no 'config' entry"
+            )
+    fields = {**ORIGINAL_DEFAULTS, **config}
+    fields["pad_token_id"] = fields.pop("padding_idx")
+    word_embeddings = tensors.get("deberta.embeddings.word_embeddings.weight")
+    if fields.get("vocab_size", -1) < 1 and word_embeddings is not None:
+        fields["vocab_size"] = word_embeddings.shape[0]  # ModelConfig's -1: the vocabulary decides
+    fused = any(key.endswith("attention.self.in_proj.weight") for key in tensors)
+    fields["model_type"] = "deberta" if fused else "deberta-v2"
+    return fields
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConversionError(f"{path}: not a readable JSON file ({error})") from error
+    if not isinstance(value, dict):
+        raise ConversionError(f"{path}: expected a JSON object")
+    return value
+
+
+def normalize_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The encoder under `deberta.` (a state saved from the bare encoder has no prefix). Same tensors, new dict."""
+    if any(key.startswith("deberta.") for key in tensors):
+        return tensors
+    return {(f"deberta.{key}" if key.startswith(("embeddings.", "encoder.")) else key): t for key, t in tensors.items()}
+
+
+def choose_head(tensors: dict[str, torch.Tensor], requested: str) -> str:
+    has_lm = any(key.startswith("lm_predictions.") for key in tensors)
+    has_rtd = any(key.startswith("mask_predictions.") for key in tensors)
+    if requested == "auto":
+        return "rtd" if has_rtd else "masked-lm" if has_lm else "model"
+    if requested == "masked-lm" and not has_lm:
+        raise ConversionError("--head masked-lm: the source has no lm_predictions.* tensors (no MLM head)")
+    if requested == "rtd" and not has_rtd:
+        raise ConversionError("--head rtd: the source has no mask_predictions.* tensors (no RTD head)")
+    return requested
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Target
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def posformers_config(official: dict):
+    """posformers' DebertaConfig for an official config dict, with the defaults transformers / the official code give
+    to absent fields (as `DebertaConfig.from_pretrained` does for a config.json)."""
+    from posformers import DebertaConfig
+    from posformers.deberta.configuration_deberta import OFFICIAL_DEFAULTS
+
+    fields = {**OFFICIAL_DEFAULTS[official["model_type"]], **official}
+    for name in ("model_type", *NON_ARCHITECTURE_FIELDS):
+        fields.pop(name, None)
+    if fields.get("pos_att_type") is None:
+        fields["pos_att_type"] = []
+    try:
+        return DebertaConfig(**fields)
+    except ValueError as error:
+        raise ConversionError(f"the source config is not a valid DeBERTa config: {error}") from error
+
+
+def key_map(head: str, keeps_positions: bool) -> core.KeyMap:
+    """Official names -> posformers names for the `head` output. keeps_positions: the output reads the absolute
+    position table (input bias, or the Enhanced Mask Decoder)."""
+    base = "" if head == "model" else "deberta."  # DebertaModel's own keys have no prefix
+    rules = [(r"deberta\.(.+)", rf"{base}\1")]
+    dropped = {r"deberta\.embeddings\.position_ids": "buffer of positions 0..n-1, not a weight"}
+    if not keeps_positions:
+        dropped[r"deberta\.embeddings\.position_embeddings\.weight"] = (
+            "absolute position table, read only by the Enhanced Mask Decoder of the MLM head; the "
+            f"{HEAD_CLASSES[head]} output does not add absolute positions (position_biased_input is false)"
+        )
+    if head == "masked-lm":
+        rules.append(
+            (r"lm_predictions\.lm_head\.((?:dense|LayerNorm)\.(?:weight|bias)|bias)", r"lm_predictions.lm_head.\1")
+        )
+    else:
+        dropped[r"lm_predictions\..+"] = (
+            "MLM head (lm_predictions): in v3 discriminator checkpoints it was not trained by their replaced token "
+            "detection objective; --head masked-lm keeps it instead"
+            if head == "rtd"
+            else "MLM head (lm_predictions): not part of the DebertaModel output (--head masked-lm keeps it)"
+        )
+    if head == "rtd":
+        rules += [
+            (r"mask_predictions\.(dense|LayerNorm)\.(weight|bias)", r"mask_predictions.\1.\2"),
+            # the repository's LMMaskPredictionHead spells it `classifer`; the Hub checkpoints `classifier`
+            (r"mask_predictions\.classifi?er\.(weight|bias)", r"mask_predictions.classifier.\1"),
+        ]
+    else:
+        dropped[r"mask_predictions\..+"] = (
+            f"replaced token detection head (mask_predictions): not part of the {HEAD_CLASSES[head]} output "
+            "(--head rtd keeps it)"
+        )
+    return core.KeyMap(rules, dropped)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_tokenizer(source_dir: Path, vocab: str | None, version: str):
+    """The source's tokenizer: SentencePiece (`spm.model`) for v2/v3, GPT-2 BPE for v1 (HF `vocab.json` +
+    `merges.txt`, or the repository's `bpe_encoder.bin`, converted). None, with a note, when there is none."""
+    location = Path(vocab) if vocab else source_dir
+    if not location.exists():
+        raise ConversionError(f"--vocab {location}: no such file or directory")
+    try:
+        if version == "deberta-v2":
+            return _sentencepiece_tokenizer(location, explicit=bool(vocab))
+        return _bpe_tokenizer(location, explicit=bool(vocab))
+    except (OSError, ValueError, ImportError) as error:
+        raise ConversionError(f"{location}: could not load the DeBERTa tokenizer ({error})") from error
+
+
+def _sentencepiece_tokenizer(location: Path, explicit: bool):
+    from transformers import AutoTokenizer, DebertaV2Tokenizer
+
+    if location.is_file():
+        return DebertaV2Tokenizer(vocab_file=str(location))
+    if (location / "tokenizer_config.json").is_file() or (location / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(location)
+    if (location / "spm.model").is_file():
+        return DebertaV2Tokenizer(vocab_file=str(location / "spm.model"))
+    return _no_tokenizer(location, "spm.model", explicit)
+
+
+def _bpe_tokenizer(location: Path, explicit: bool):
+    from transformers import AutoTokenizer, DebertaTokenizer
+
+    encoder = location if location.is_file() else location / "bpe_encoder.bin"
+    if location.is_dir() and (location / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(location)
+    if location.is_dir() and (location / "vocab.json").is_file() and (location / "merges.txt").is_file():
+        return DebertaTokenizer.from_pretrained(location)
+    if encoder.is_file():
+        with tempfile.TemporaryDirectory() as directory:
+            write_bpe_files(encoder, Path(directory))
+            return DebertaTokenizer.from_pretrained(directory)
+    return _no_tokenizer(location, "vocab.json + merges.txt or bpe_encoder.bin", explicit)
+
+
+def _no_tokenizer(location: Path, wanted: str, explicit: bool):
+    if explicit:
+        raise ConversionError(f"--vocab {location}: no {wanted} there")
+    log(f"note: {location} has no tokenizer files ({wanted}); no tokenizer written (see --vocab)")
+    return None
+
+
+def write_bpe_files(encoder_file: Path, directory: Path) -> None:
+    """The repository's `bpe_encoder.bin` as HF `vocab.json` + `merges.txt`, with DeBERTa's ids.
+
+    The file (read with `weights_only=True`: it holds only dicts, lists and strings) has GPT-2's `encoder` (token ->
+    GPT-2 id), `vocab` (the BPE merges) and `dict_map` (fairseq's dictionary: GPT-2 ids as strings, with counts).
+    Its GPT2Tokenizer numbers [PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3, then each new `dict_map` symbol in order, then
+    [MASK]; the same numbering goes into vocab.json, so ids match the embeddings.
+    """
+    state = torch.load(encoder_file, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or not {"encoder", "vocab", "dict_map"} <= set(state):
+        raise ConversionError(
+            f"{encoder_file}: expected a dict with 'encoder', 'vocab' and 'dict_map' (bpe_encoder.bin)"
+        )
+    token_of_id = {gpt2_id: token for token, gpt2_id in state["encoder"].items()}
+    vocab: dict[str, int] = {}
+    for symbol in ("[PAD]", "[CLS]", "[SEP]", "[UNK]"):
+        vocab.setdefault(symbol, len(vocab))
+    for word, _count in state["dict_map"]:
+        token = token_of_id.get(int(word), word) if str(word).isdigit() else word
+        vocab.setdefault(token, len(vocab))
+    vocab.setdefault("[MASK]", len(vocab))
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in state["vocab"]]
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (directory / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Verification against transformers
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def transformers_weights(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """Source tensors grouped under transformers' names, independently of `key_map`: "encoder" (DebertaModel /
+    DebertaV2Model keys), "lm_head" (the non-legacy `lm_predictions.lm_head` of transformers' ...ForMaskedLM),
+    "mask_predictions" (the RTD head, for the official head's formula) and "positions" (the absolute table)."""
+    groups: dict[str, dict[str, torch.Tensor]] = {"encoder": {}, "lm_head": {}, "mask_predictions": {}, "positions": {}}
+    for key, tensor in tensors.items():
+        tensor = tensor.float()
+        if key == "deberta.embeddings.position_embeddings.weight":
+            groups["positions"]["weight"] = tensor
+        if key.startswith("deberta.") and not key.endswith("position_ids"):
+            groups["encoder"][key.removeprefix("deberta.")] = tensor
+        elif key.startswith("lm_predictions.lm_head."):
+            groups["lm_head"][key.removeprefix("lm_predictions.lm_head.")] = tensor
+        elif key.startswith("mask_predictions."):
+            groups["mask_predictions"][key.removeprefix("mask_predictions.").replace("classifer.", "classifier.")] = (
+                tensor
+            )
+    return groups
+
+
+def transformers_config(official: dict):
+    """transformers' DebertaConfig / DebertaV2Config for the same official fields (non-legacy MLM head)."""
+    import transformers
+
+    fields = {key: value for key, value in official.items() if key not in ("model_type", *NON_ARCHITECTURE_FIELDS)}
+    config_class = transformers.DebertaConfig if official["model_type"] == "deberta" else transformers.DebertaV2Config
+    return config_class(**fields, legacy=False)
+
+
+def load_reference(official: dict, weights: dict[str, dict[str, torch.Tensor]], with_lm_head: bool):
+    """transformers' base model (or ...ForMaskedLM with its non-legacy head) holding the source weights, loaded
+    strictly: a tensor transformers does not expect, or one it lacks, stops the verification with its name."""
+    import transformers
+
+    config = transformers_config(official)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    prefix = "Deberta" if official["model_type"] == "deberta" else "DebertaV2"
+    encoder = weights["encoder"]
+    if not config.position_biased_input:
+        encoder = {key: value for key, value in encoder.items() if key != "embeddings.position_embeddings.weight"}
+    if with_lm_head:
+        model = getattr(transformers, f"{prefix}ForMaskedLM")(config)
+        state = {f"deberta.{key}": value for key, value in encoder.items()}
+        state.update({f"lm_predictions.lm_head.{key}": value for key, value in weights["lm_head"].items()})
+    else:
+        model = getattr(transformers, f"{prefix}Model")(config)
+        state = encoder
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as error:
+        raise ConversionError(
+            f"verification: transformers' {type(model).__name__} refused the weights: {error}"
+        ) from error
+    return model.eval()
+
+
+def v2_layer_from_v1(layer, config):
+    """transformers' DebertaV2Layer computing what v1 `layer` computes, with the official repository's rule for
+    loading v1 weights into its v2 attention (disentangled_attention.py, `_pre_load_hook`): `in_proj` rows are
+    [query, key, value] per head, `q_bias`/`v_bias` are the query/value biases, the key has none, `pos_proj` is the
+    bias-free position-key projection and `pos_q_proj` the position-query projection."""
+    import transformers
+    from transformers.models.deberta_v2.modeling_deberta_v2 import DebertaV2Layer
+
+    v2_config = transformers.DebertaV2Config(
+        **{key: getattr(config, key) for key in ("hidden_size", "num_attention_heads", "intermediate_size")},
+        hidden_act=config.hidden_act,
+        layer_norm_eps=config.layer_norm_eps,
+        relative_attention=config.relative_attention,
+        pos_att_type=list(config.pos_att_type or []),
+        max_relative_positions=config.max_relative_positions,
+        max_position_embeddings=config.max_position_embeddings,
+        position_buckets=-1,
+        share_att_key=False,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    state = dict(layer.state_dict())
+    heads, hidden = config.num_attention_heads, config.hidden_size
+    query, key, value = state.pop("attention.self.in_proj.weight").reshape(heads, 3, -1, hidden).unbind(1)
+    state["attention.self.query_proj.weight"] = query.reshape(-1, hidden)
+    state["attention.self.key_proj.weight"] = key.reshape(-1, hidden)
+    state["attention.self.value_proj.weight"] = value.reshape(-1, hidden)
+    state["attention.self.query_proj.bias"] = state.pop("attention.self.q_bias")
+    state["attention.self.value_proj.bias"] = state.pop("attention.self.v_bias")
+    state["attention.self.key_proj.bias"] = torch.zeros_like(state["attention.self.query_proj.bias"])
+    if "attention.self.pos_proj.weight" in state:
+        state["attention.self.pos_key_proj.weight"] = state.pop("attention.self.pos_proj.weight")
+        state["attention.self.pos_key_proj.bias"] = torch.zeros_like(state["attention.self.query_proj.bias"])
+    for name in ("weight", "bias"):
+        if f"attention.self.pos_q_proj.{name}" in state:
+            state[f"attention.self.pos_query_proj.{name}"] = state.pop(f"attention.self.pos_q_proj.{name}")
+    v2_layer = DebertaV2Layer(v2_config)
+    v2_layer.load_state_dict(state, strict=True)
+    return v2_layer.eval()
+
+
+def reference_emd_logits(reference, position_table: torch.Tensor, batch: dict, steps: int, version: str):
+    """The official Enhanced Mask Decoder on transformers' encoder, then transformers' non-legacy MLM head.
+
+    reference: transformers' ...ForMaskedLM (legacy=False); position_table: (max_positions, hidden).
+    Returns logits (B, L, vocab).
+    """
+    deberta = reference.deberta
+    encoder = deberta.encoder
+    outputs = deberta(**batch, output_hidden_states=True)
+    kv_states = outputs.hidden_states[-2]  # the input of the last layer
+    layer = encoder.layer[-1] if version == "deberta-v2" else v2_layer_from_v1(encoder.layer[-1], reference.config)
+    attention_mask = encoder.get_attention_mask(batch["attention_mask"])
+    relative_pos = encoder.get_rel_pos(kv_states)  # v1: plain distances i - j, which the v2 layer reads alike
+    rel_embeddings = encoder.get_rel_embedding()
+    query_states = kv_states + position_table[: kv_states.shape[1]]
+    for _ in range(steps):
+        query_states = layer(
+            kv_states,
+            attention_mask,
+            query_states=query_states,
+            relative_pos=relative_pos,
+            rel_embeddings=rel_embeddings,
+        )[0]
+    return reference.lm_predictions(query_states, deberta.embeddings.word_embeddings)
+
+
+def reference_rtd_logits(last_hidden_state: torch.Tensor, head: dict[str, torch.Tensor], config) -> torch.Tensor:
+    """The official LMMaskPredictionHead: LayerNorm(h + h[CLS]), dense, activation, classifier -> (B, L)."""
+    from transformers.activations import ACT2FN
+
+    states = F.layer_norm(
+        last_hidden_state[:, :1] + last_hidden_state,
+        (last_hidden_state.shape[-1],),
+        head["LayerNorm.weight"],
+        head["LayerNorm.bias"],
+        config.layer_norm_eps,
+    )
+    states = ACT2FN[config.hidden_act](F.linear(states, head["dense.weight"], head["dense.bias"]))
+    return F.linear(states, head["classifier.weight"], head["classifier.bias"]).squeeze(-1)
+
+
+def verify(model, head: str, official: dict, weight_source: Path) -> dict[str, float]:
+    """Run posformers' model and the transformers reference on one fixed batch; print and return the diffs."""
+    config = model.config
+    weights = transformers_weights(core.load_tensors(weight_source))
+    reference = load_reference(official, weights, with_lm_head=head == "masked-lm")
+    batch = core.verification_batch(config.vocab_size, config.type_vocab_size)
+    mask = batch["attention_mask"]
+    with torch.no_grad():
+        ours = model(**batch, output_hidden_states=True)
+        base = reference.deberta if head == "masked-lm" else reference
+        expected = base(**batch, output_hidden_states=True)
+
+        def stacked(states):
+            return torch.stack([core.masked_hidden(state, mask) for state in states])
+
+        layers = len(expected.hidden_states) - 1
+        pairs = {
+            f"hidden states (embeddings + {layers} layers)": (
+                stacked(ours.hidden_states),
+                stacked(expected.hidden_states),
+            ),
+            "last hidden state": (
+                core.masked_hidden(ours.hidden_states[-1], mask),
+                core.masked_hidden(expected.last_hidden_state, mask),
+            ),
+        }
+        if head == "masked-lm":
+            positions = weights["positions"].get("weight")
+            if positions is None and config.uses_emd:
+                raise ConversionError("verification: the source has no deberta.embeddings.position_embeddings.weight")
+            if config.uses_emd:
+                logits = reference_emd_logits(reference, positions, batch, config.emd_steps, official["model_type"])
+                name = f"MLM logits (Enhanced Mask Decoder, {config.emd_steps} steps)"
+            else:
+                logits = reference.lm_predictions(
+                    expected.last_hidden_state, reference.deberta.embeddings.word_embeddings
+                )
+                name = "MLM logits"
+            pairs[name] = (core.masked_hidden(ours.logits, mask), core.masked_hidden(logits, mask))
+        elif head == "rtd":
+            logits = reference_rtd_logits(expected.last_hidden_state, weights["mask_predictions"], config)
+            pairs["RTD logits"] = (core.masked_hidden(ours.logits, mask), core.masked_hidden(logits, mask))
+    return core.compare_outputs(pairs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def convert(args: argparse.Namespace) -> int:
+    import posformers
+
+    core.check_output_dir(args.output, args.overwrite)
+    source = Path(args.source)
+    if args.source_format == "hf":
+        official = read_hf_config(source)
+        weight_source, tokenizer_dir = source, source
+        tensors = normalize_keys(core.load_tensors(source))
+    else:
+        weight_source = original_weight_file(source)
+        tokenizer_dir = weight_source.parent
+        tensors = normalize_keys(core.load_tensors(weight_source))
+        official = read_original_config(weight_source, tensors)
+    head = choose_head(tensors, args.head)
+    config = posformers_config(official)
+    model_class = getattr(posformers, HEAD_CLASSES[head])
+    keeps_positions = config.position_biased_input or (head == "masked-lm" and config.uses_emd)
+    version = "v1" if official["model_type"] == "deberta" else "v2/v3"
+    log(f"source: DeBERTa {version} ({args.source_format} format) {source} -> {model_class.__name__}")
+
+    target, report = key_map(head, keeps_positions).apply(tensors)
+    log(report.summary())
+    stored_dtypes = sorted({str(tensor.dtype).removeprefix("torch.") for tensor in target.values()})
+    for key in list(target):  # fp16 storage: compute and verify in fp32; --dtype decides what is saved
+        target[key] = target[key].float()
+    model = core.build_model(model_class, config, target)
+    del target
+
+    diffs = None if args.no_verify else verify(model, head, official, weight_source)
+    tokenizer = load_tokenizer(tokenizer_dir, args.vocab, official["model_type"])
+    info = core.OutputInfo(
+        source_description=f"the DeBERTa {version} checkpoint `{source}` ({_format_name(args.source_format)})",
+        command_line=args.command_line,
+        verification=diffs,
+        notes=[
+            f"Output class: {model_class.__name__}; source tensors stored as {', '.join(stored_dtypes)}.",
+            *[f"Dropped: {reason}." for reason in sorted({reason for _, reason in report.dropped})],
+        ],
+    )
+    core.write_output(
+        model,
+        args.output,
+        overwrite=args.overwrite,
+        info=info,
+        tokenizer=tokenizer,
+        dtype=args.dtype,
+        push_to_hub=args.push_to_hub,
+    )
+    return 0
+
+
+def _format_name(source_format: str) -> str:
+    return "Hugging Face format" if source_format == "hf" else "microsoft/DeBERTa repository format"
+
+
+__all__ = ["add_arguments", "convert", "transformers_weights", "write_bpe_files"]
