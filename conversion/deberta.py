@@ -5,7 +5,8 @@ Sources:
 * `--from hf`: the checkpoints Microsoft publishes on the Hub (microsoft/deberta-base, -large, -xlarge;
   deberta-v2-xlarge, -xxlarge; deberta-v3-xsmall, -small, -base, -large; mdeberta-v3-base): `config.json` with
   model_type "deberta" or "deberta-v2", `pytorch_model.bin` or `*.safetensors` (tensors stored in fp16; converted
-  to fp32, then saved in `--dtype`), tokenizer files (GPT-2 BPE `vocab.json` + `merges.txt` for v1, SentencePiece `spm.model` for v2/v3).
+  to fp32, then saved in `--dtype`), tokenizer files (GPT-2 BPE `vocab.json` + `merges.txt` for v1, SentencePiece
+  `spm.model` for v2/v3).
 * `--from original`: the release assets of the microsoft/DeBERTa repository: `pytorch.model.bin` (older releases) or
   `pytorch_model.bin`, `model_config.json` (the repository's `ModelConfig`: no model_type, `padding_idx`, defaults of
   that code; the config may also sit in the state dict under "config"), and `bpe_encoder.bin` (v1) or `spm.model`.
