@@ -261,7 +261,12 @@ def load_tokenizer(source_dir: Path, vocab: str | None, version: str):
         if version == "deberta-v2":
             return _sentencepiece_tokenizer(location, explicit=bool(vocab))
         return _bpe_tokenizer(location, explicit=bool(vocab))
-    except (OSError, ValueError, ImportError) as error:
+    except ImportError as error:
+        raise ConversionError(
+            f"{location}: reading spm.model needs the sentencepiece and protobuf packages: "
+            "pip install 'posformers[sentencepiece]' (or pass --vocab a folder with tokenizer.json)"
+        ) from error
+    except (OSError, ValueError) as error:
         raise ConversionError(f"{location}: could not load the DeBERTa tokenizer ({error})") from error
 
 
@@ -371,19 +376,33 @@ def load_reference(official: dict, weights: dict[str, dict[str, torch.Tensor]], 
     if not config.position_biased_input:
         encoder = {key: value for key, value in encoder.items() if key != "embeddings.position_embeddings.weight"}
     if with_lm_head:
-        model = getattr(transformers, f"{prefix}ForMaskedLM")(config)
+        model_class = getattr(transformers, f"{prefix}ForMaskedLM")
         state = {f"deberta.{key}": value for key, value in encoder.items()}
         state.update({f"lm_predictions.lm_head.{key}": value for key, value in weights["lm_head"].items()})
     else:
-        model = getattr(transformers, f"{prefix}Model")(config)
+        model_class = getattr(transformers, f"{prefix}Model")
         state = encoder
+    with torch.device("meta"):  # no memory and no random initialisation: the weights are assigned below
+        model = model_class(config)
     try:
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict(state, strict=True, assign=True)
+        _materialize_position_ids(model)
     except RuntimeError as error:
         raise ConversionError(
             f"verification: transformers' {type(model).__name__} refused the weights: {error}"
         ) from error
     return model.eval()
+
+
+def _materialize_position_ids(model) -> None:
+    """transformers' DeBERTa embeddings keep `position_ids` (0..n-1) as a non-persistent buffer, which a model built
+    on the meta device lacks after loading; any other buffer left there is an error."""
+    for name, buffer in model.named_buffers():
+        if buffer.is_meta:
+            if not name.endswith("position_ids"):
+                raise RuntimeError(f"buffer {name} has no value")
+            module = model.get_submodule(name.rpartition(".")[0])
+            module.position_ids = torch.arange(buffer.shape[-1]).expand(buffer.shape)
 
 
 def v2_layer_from_v1(layer, config):
@@ -471,7 +490,7 @@ def reference_rtd_logits(last_hidden_state: torch.Tensor, head: dict[str, torch.
 def verify(model, head: str, official: dict, weight_source: Path) -> dict[str, float]:
     """Run posformers' model and the transformers reference on one fixed batch; print and return the diffs."""
     config = model.config
-    weights = transformers_weights(core.load_tensors(weight_source))
+    weights = transformers_weights(normalize_keys(core.load_tensors(weight_source)))
     reference = load_reference(official, weights, with_lm_head=head == "masked-lm")
     batch = core.verification_batch(config.vocab_size, config.type_vocab_size)
     mask = batch["attention_mask"]

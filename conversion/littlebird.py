@@ -239,7 +239,7 @@ def load_tokenizer(source: Path, vocab: str | None, source_format: str):
     if location.is_file():
         if source_format != "bert" or location.name != "vocab.txt":
             raise ConversionError(f"--vocab {location}: give a directory holding {' + '.join(needed)}")
-        return tokenizer_class(vocab=str(location))
+        return tokenizer_class.from_pretrained(location.parent)
     has_tokenizer = (location / "tokenizer.json").is_file() or all((location / name).is_file() for name in needed)
     if not has_tokenizer:
         if vocab:
@@ -281,7 +281,7 @@ def verify(model, teacher, source_format: str, copied: list[tuple[str, str]], pr
     teacher_base = getattr(teacher, prefix, teacher)
     batch = core.verification_batch(config.vocab_size, config.type_vocab_size)
     with torch.no_grad():
-        check_copied_tensors(model, teacher, copied, prefix)
+        check_copied_tensors(model, teacher, [student for _, student in copied], source_format)
         # The teacher minus its position embeddings: a zero position table contributes nothing to its sum.
         teacher_base.embeddings.position_embeddings.weight.zero_()
         token_type_ids = batch.get("token_type_ids")
@@ -296,21 +296,42 @@ def verify(model, teacher, source_format: str, copied: list[tuple[str, str]], pr
     return core.compare_outputs(pairs)
 
 
-def check_copied_tensors(model, teacher, copied: list[tuple[str, str]], prefix: str) -> None:
-    """Every tensor taken over must be bit-identical to the teacher's, as transformers reads it from the source.
+# The student's MLM head names -> the teacher's, read in the opposite direction from `mlm_keys` on purpose: the
+# comparison then checks the names the conversion chose, not just that values travelled unchanged.
+TEACHER_HEAD_NAMES = {
+    "bert": {"cls.predictions.": "cls.predictions."},
+    "roberta": {
+        "cls.predictions.transform.LayerNorm.": "lm_head.layer_norm.",
+        "cls.predictions.transform.": "lm_head.",
+        "cls.predictions.": "lm_head.",
+    },
+}
 
-    copied: (teacher key, student key) pairs; a bare teacher (BertModel) names its tensors without `prefix.`.
-    """
+
+def teacher_name(student_key: str, source_format: str, bare_teacher: bool) -> str:
+    """Where transformers' teacher keeps the tensor that LittleBird's `student_key` must equal."""
+    prefix = FORMATS[source_format]
+    if student_key.startswith("cls."):
+        for student, teacher in TEACHER_HEAD_NAMES[source_format].items():
+            if student_key.startswith(student):
+                return teacher + student_key.removeprefix(student)
+    base = student_key.removeprefix("littlebird.")
+    return base if bare_teacher else f"{prefix}.{base}"
+
+
+def check_copied_tensors(model, teacher, student_keys: list[str], source_format: str) -> None:
+    """Every tensor taken over must be bit-identical to the teacher's tensor of the same role, as transformers reads
+    the source (a name mix-up or a changed value stops the conversion)."""
     ours, theirs = model.state_dict(), teacher.state_dict()
-    bare = not hasattr(teacher, prefix)
-    for teacher_key, student_key in copied:
-        name = teacher_key.removeprefix(prefix + ".") if bare else teacher_key
+    bare = not hasattr(teacher, FORMATS[source_format])
+    for student_key in student_keys:
+        name = teacher_name(student_key, source_format, bare)
         if name not in theirs:
             raise ConversionError(f"verification: transformers' {type(teacher).__name__} has no {name}")
-        if not torch.equal(ours[student_key], theirs[name].to(ours[student_key].dtype)):
-            difference = (ours[student_key].double() - theirs[name].double()).abs().max().item()
-            raise ConversionError(f"copied tensor {student_key} differs from the teacher's {name} by {difference:.3e}")
-    log(f"copied tensors identical to the teacher's: {len(copied)} of {len(copied)} (max abs diff 0)")
+        if ours[student_key].shape != theirs[name].shape or not torch.equal(ours[student_key], theirs[name]):
+            difference = "shape" if ours[student_key].shape != theirs[name].shape else "values"
+            raise ConversionError(f"copied tensor {student_key} differs from the teacher's {name} ({difference})")
+    log(f"copied tensors identical to the teacher's: {len(student_keys)} of {len(student_keys)} (max abs diff 0)")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
