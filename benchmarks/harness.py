@@ -72,12 +72,18 @@ class ModelEntry:
 
 @dataclass
 class Target:
-    """`candidate median / reference median <= max_ratio` for one workload and sequence length."""
+    """`candidate / reference <= max_ratio` for one workload and sequence length.
+
+    metric "time" compares median times, "memory" peak memory. reference may be the candidate itself with
+    `reference_seq_len` set: the candidate's own cost at another length (a scaling target).
+    """
 
     workload: str
     seq_len: int
     reference: str
     max_ratio: float
+    metric: str = "time"
+    reference_seq_len: int | None = None
 
 
 @dataclass
@@ -471,11 +477,12 @@ def run_suite(suite: Suite, options: Options) -> dict[str, Any]:
         for model in models.values():
             model.zero_grad(set_to_none=True)
 
-    report["targets"] = [
+    checked = [
         _check_target(report, target)
         for target in suite.targets
         if target.workload in options.workloads and target.seq_len in options.seq_lens
     ]
+    report["targets"] = [target for target in checked if target is not None]
     report["environment"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     report["wall_s"] = time.perf_counter() - started
     return report
@@ -558,16 +565,29 @@ def _run_case(
     }
 
 
-def _check_target(report: dict[str, Any], target: Target) -> dict[str, Any]:
-    case = next(r for r in report["results"] if r["workload"] == target.workload and r["seq_len"] == target.seq_len)
-    ratio = case["ratios"].get(target.reference)
-    if ratio is None:
-        first = case["models"][report["candidate"]]["median_ms"]
-        ratio = first / case["models"][target.reference]["median_ms"]
+_METRIC_LABELS = {"time": "", "memory": " peak memory"}
+
+
+def _find_case(report: Mapping[str, Any], workload: str, seq_len: int) -> dict[str, Any]:
+    return next(r for r in report["results"] if r["workload"] == workload and r["seq_len"] == seq_len)
+
+
+def _check_target(report: dict[str, Any], target: Target) -> dict[str, Any] | None:
+    """The target's ratio, or None when the run did not measure what it needs."""
+    key = "median_ms" if target.metric == "time" else "peak_mem_mib"
+    ref_len = target.reference_seq_len or target.seq_len
+    if not any(r["workload"] == target.workload and r["seq_len"] == ref_len for r in report["results"]):
+        return None
+    mine = _find_case(report, target.workload, target.seq_len)["models"][report["candidate"]].get(key)
+    theirs = _find_case(report, target.workload, ref_len)["models"][target.reference].get(key)
+    if mine is None or theirs is None:
+        return None
+    ratio = mine / theirs
     return {
         "workload": target.workload,
         "seq_len": target.seq_len,
-        "reference": target.reference,
+        "reference": target.reference if ref_len == target.seq_len else f"{target.reference} at {ref_len}",
+        "metric": target.metric,
         "max_ratio": target.max_ratio,
         "ratio": ratio,
         "met": ratio <= target.max_ratio,
@@ -648,7 +668,8 @@ def format_markdown(report: Mapping[str, Any]) -> str:
         lines += ["", "| target | ratio | limit | met |", "|---|---|---|---|"]
         for target in report["targets"]:
             lines.append(
-                f"| {target['workload']} {target['seq_len']}: {candidate} / {target['reference']} | "
+                f"| {target['workload']} {target['seq_len']}{_METRIC_LABELS[target.get('metric', 'time')]}: "
+                f"{candidate} / {target['reference']} | "
                 f"{target['ratio']:.2f}x | <= {target['max_ratio']:.2f}x | {'yes' if target['met'] else 'NO'} |"
             )
     return "\n".join(lines) + "\n"
