@@ -55,6 +55,7 @@ HELP = "DeBERTa v1/v2/v3/mdeberta: HF-format checkpoints or the microsoft/DeBERT
 HEADS = ("auto", "model", "masked-lm", "rtd")
 HEAD_CLASSES = {"model": "DebertaModel", "masked-lm": "DebertaForMaskedLM", "rtd": "DebertaForReplacedTokenDetection"}
 ORIGINAL_WEIGHTS = ("pytorch.model*.bin", "pytorch_model*.bin")
+OFFICIAL_EMD_STEPS = 2  # EnhancedMaskDecoder.emd_context_layer: `[encoder.layer[-1] for _ in range(2)]`
 
 # What a field means when the repository's model_config.json leaves it out: its `ModelConfig` defaults and the
 # `getattr(config, name, default)` fallbacks of its modules (bert.py, disentangled_attention.py, ops.py).
@@ -515,11 +516,12 @@ def verify(model, head: str, official: dict, weight_source: Path) -> dict[str, f
         }
         if head == "masked-lm":
             positions = weights["positions"].get("weight")
-            if positions is None and config.uses_emd:
-                raise ConversionError("verification: the source has no deberta.embeddings.position_embeddings.weight")
-            if config.uses_emd:
-                logits = reference_emd_logits(reference, positions, batch, config.emd_steps, official["model_type"])
-                name = f"MLM logits (Enhanced Mask Decoder, {config.emd_steps} steps)"
+            # The official decoder: two passes of the last layer, unless positions are already added at the input
+            if not reference.config.position_biased_input:
+                if positions is None:
+                    raise ConversionError("verification: the source has no absolute position table")
+                logits = reference_emd_logits(reference, positions, batch, OFFICIAL_EMD_STEPS, official["model_type"])
+                name = f"MLM logits (Enhanced Mask Decoder, {OFFICIAL_EMD_STEPS} steps)"
             else:
                 logits = reference.lm_predictions(
                     expected.last_hidden_state, reference.deberta.embeddings.word_embeddings

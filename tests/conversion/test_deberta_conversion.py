@@ -1,0 +1,386 @@
+"""`posformers-convert deberta --from {hf,original}` on checkpoints in Microsoft's exact layouts, random weights.
+
+hf v1: microsoft/deberta-base (pytorch_model.bin in fp16: fused `in_proj`, the absolute position table, the
+    `lm_predictions` head; GPT-2 BPE vocab.json + merges.txt from ../shared/data/vocab/gpt2).
+hf v2: microsoft/deberta-v2-xlarge (log buckets, the convolution layer, `lm_predictions`; spm.model).
+hf v3: microsoft/deberta-v3-* (model.safetensors in fp16 with both `lm_predictions` and `mask_predictions`; spm.model).
+original v1 / v3: the microsoft/DeBERTa release assets (pytorch.model.bin + model_config.json + bpe_encoder.bin;
+    pytorch_model.bin carrying its config + spm.model; the RTD classifier spelled `classifer`).
+The SentencePiece models are trained here on ../shared/data/glue/sst2 text.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_file
+
+import posformers
+from posformers.conversion import cli
+
+from .conftest import SHARED_DATA, VOCAB_DIR, check_overwrite_behaviour, load_with_remote_code
+
+VERIFY_TOLERANCE = 1e-5
+TEXT = "the movie was not as good as the book"
+COMMON = {
+    "attention_probs_dropout_prob": 0.1,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "hidden_size": 32,
+    "initializer_range": 0.02,
+    "intermediate_size": 48,
+    "max_position_embeddings": 512,
+    "relative_attention": True,
+    "layer_norm_eps": 1e-7,
+    "max_relative_positions": -1,
+    "position_biased_input": False,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "type_vocab_size": 0,
+    "vocab_size": 128,
+}
+# The config.json files of the Hub checkpoints, at tiny sizes.
+V1_CONFIG = {"model_type": "deberta", **COMMON, "pos_att_type": "c2p|p2c"}
+V3_CONFIG = {
+    "model_type": "deberta-v2",
+    **COMMON,
+    "pos_att_type": "p2c|c2p",
+    "position_buckets": 16,
+    "share_att_key": True,
+    "norm_rel_ebd": "layer_norm",
+    "pad_token_id": 0,
+}
+V2_CONFIG = {**V3_CONFIG, "conv_kernel_size": 3, "conv_act": "gelu", "attention_head_size": 8}
+
+
+@pytest.fixture(scope="module")
+def spm_model(tmp_path_factory):
+    """A SentencePiece model with DeBERTa's special pieces ([PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3), on SST-2 text."""
+    import sentencepiece  # a dev dependency (pyproject [dev]); imported here so that other tests need not have it
+
+    directory = tmp_path_factory.mktemp("spm")
+    lines = (SHARED_DATA / "glue" / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:3001]
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(line.split("\t")[0] for line in lines), encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(directory / "spm"),
+        vocab_size=120,
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        pad_piece="[PAD]",
+        bos_piece="[CLS]",
+        eos_piece="[SEP]",
+        unk_piece="[UNK]",
+        user_defined_symbols=["[MASK]"],
+        minloglevel=2,
+    )
+    return directory / "spm.model"
+
+
+def random_encoder(config: dict) -> dict[str, torch.Tensor]:
+    """transformers' DebertaModel / DebertaV2Model for `config` (official fields), every parameter random, as
+    `deberta.*` tensors, plus the absolute position table every official checkpoint carries."""
+    fields = {key: value for key, value in config.items() if key != "model_type"}
+    prefix = "Deberta" if config["model_type"] == "deberta" else "DebertaV2"
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{prefix}Model")(getattr(transformers, f"{prefix}Config")(**fields))
+    generator = torch.Generator().manual_seed(1)
+    state = {}
+    for key, value in model.state_dict().items():
+        offset = 1.0 if "LayerNorm.weight" in key else 0.0
+        state[f"deberta.{key}"] = torch.randn(value.shape, generator=generator) * 0.2 + offset
+    state["deberta.embeddings.position_embeddings.weight"] = torch.randn(512, 32, generator=generator) * 0.2
+    return state
+
+
+def random_head(prefix: str, names: dict[str, tuple], seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        f"{prefix}.{name}": torch.randn(shape, generator=generator) * 0.2 + (1.0 if "LayerNorm.weight" in name else 0.0)
+        for name, shape in names.items()
+    }
+
+
+def lm_head(vocab_size=128, hidden=32):
+    shapes = {"dense.weight": (hidden, hidden), "dense.bias": (hidden,), "LayerNorm.weight": (hidden,)}
+    shapes.update({"LayerNorm.bias": (hidden,), "bias": (vocab_size,)})
+    return random_head("lm_predictions.lm_head", shapes, seed=2)
+
+
+def rtd_head(classifier_name="classifier", hidden=32):
+    shapes = {"dense.weight": (hidden, hidden), "dense.bias": (hidden,), "LayerNorm.weight": (hidden,)}
+    shapes.update(
+        {"LayerNorm.bias": (hidden,), f"{classifier_name}.weight": (1, hidden), f"{classifier_name}.bias": (1,)}
+    )
+    return random_head("mask_predictions", shapes, seed=3)
+
+
+def fp16(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Microsoft stores its Hub checkpoints in fp16."""
+    return {key: value.half().contiguous() for key, value in state.items()}
+
+
+def write_hf_v1(directory, edit=None):
+    directory.mkdir(parents=True)
+    state = fp16({**random_encoder(V1_CONFIG), **lm_head()})
+    if edit:
+        edit(state)
+    torch.save(state, directory / "pytorch_model.bin")
+    (directory / "config.json").write_text(json.dumps(V1_CONFIG))
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(VOCAB_DIR / "gpt2" / name, directory / name)
+    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False, "vocab_type": "gpt2"}))
+    return state
+
+
+def write_hf_v2(directory, spm_model):
+    directory.mkdir(parents=True)
+    state = fp16({**random_encoder(V2_CONFIG), **lm_head()})
+    assert "deberta.encoder.conv.conv.weight" in state
+    torch.save(state, directory / "pytorch_model.bin")
+    (directory / "config.json").write_text(json.dumps(V2_CONFIG))
+    shutil.copy(spm_model, directory / "spm.model")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False, "vocab_type": "spm"}))
+    return state
+
+
+def write_hf_v3(directory, spm_model):
+    directory.mkdir(parents=True)
+    state = fp16({**random_encoder(V3_CONFIG), **lm_head(), **rtd_head()})
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(V3_CONFIG))
+    shutil.copy(spm_model, directory / "spm.model")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False, "vocab_type": "spm"}))
+    return state
+
+
+def original_config(config: dict) -> dict:
+    """The repository's model_config.json: no model_type, `padding_idx`, fields in its own spelling."""
+    fields = {key: value for key, value in config.items() if key not in ("model_type", "pad_token_id")}
+    return {**fields, "padding_idx": 0}
+
+
+def write_bpe_encoder(path):
+    """The repository's bpe_encoder.bin from GPT-2's files: GPT-2's `encoder`, its merges as pairs (`vocab`) and a
+    fairseq dictionary (`dict_map`) listing GPT-2 ids by (made-up) frequency, i.e. not in id order."""
+    encoder = json.loads((VOCAB_DIR / "gpt2" / "vocab.json").read_text(encoding="utf-8"))
+    merges = (VOCAB_DIR / "gpt2" / "merges.txt").read_text(encoding="utf-8").splitlines()[1:]
+    order = torch.randperm(len(encoder), generator=torch.Generator().manual_seed(4)).tolist()
+    dict_map = [(str(gpt2_id), 1000 - rank) for rank, gpt2_id in enumerate(order)]
+    torch.save({"encoder": encoder, "vocab": [tuple(m.split()) for m in merges if m], "dict_map": dict_map}, path)
+    return {gpt2_id: 4 + rank for rank, gpt2_id in enumerate(order)}  # GPT-2 id -> DeBERTa id
+
+
+def write_original_v1(directory):
+    directory.mkdir(parents=True)
+    state = {**random_encoder(V1_CONFIG), **lm_head()}
+    torch.save(state, directory / "pytorch.model.bin")
+    (directory / "model_config.json").write_text(json.dumps(original_config(V1_CONFIG)))
+    return state, write_bpe_encoder(directory / "bpe_encoder.bin")
+
+
+def write_original_v3(directory, spm_model):
+    """An RTD release whose config travels inside the state (the repository's `load_model_state` reads it there)."""
+    directory.mkdir(parents=True)
+    state = {**random_encoder(V3_CONFIG), **rtd_head("classifer")}
+    torch.save({**state, "config": original_config(V3_CONFIG)}, directory / "pytorch_model.bin")
+    shutil.copy(spm_model, directory / "spm.model")
+    return state
+
+
+def assert_verified(result, *expected_rows) -> dict[str, float]:
+    table = result.verification()
+    assert all(diff <= VERIFY_TOLERANCE for diff in table.values()), table
+    for row in expected_rows:
+        assert any(name.startswith(row) for name in table), (row, table)
+    return table
+
+
+def assert_weights_equal(model, state: dict[str, torch.Tensor], pairs: dict[str, str]):
+    ours = model.state_dict()
+    for our_key, source_key in pairs.items():
+        assert torch.equal(ours[our_key], state[source_key].float()), our_key
+
+
+def run_in_process(capsys, *args) -> tuple[int, str]:
+    code = cli.main([str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_hf_v1_converts_with_the_enhanced_mask_decoder(workdir, convert):
+    source, output = workdir / "deberta-base", workdir / "out"
+    state = write_hf_v1(source)
+    args = ["deberta", "--from", "hf", "--source", source, "--output", output]
+    result = convert(*args).check()
+    assert_verified(result, "hidden states", "last hidden state", "MLM logits (Enhanced Mask Decoder, 2 steps)")
+    model = transformers.AutoModelForMaskedLM.from_pretrained(output)
+    assert isinstance(model, posformers.DebertaForMaskedLM) and model.config.projection_layout == "fused"
+    assert next(model.parameters()).dtype == torch.float32  # fp16 storage, fp32 output by default
+    assert_weights_equal(
+        model,
+        state,
+        {
+            key: key
+            for key in (
+                "deberta.embeddings.position_embeddings.weight",
+                "deberta.encoder.layer.1.attention.self.in_proj.weight",
+                "lm_predictions.lm_head.bias",
+            )
+        },
+    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(output)
+    assert tokenizer.tokenize(TEXT) == transformers.AutoTokenizer.from_pretrained(source).tokenize(TEXT)
+    check_overwrite_behaviour(convert, args, output)
+
+
+def test_hf_v2_with_convolution_and_bfloat16_output(workdir, convert, spm_model):
+    source, output = workdir / "deberta-v2-xlarge", workdir / "out"
+    state = write_hf_v2(source, spm_model)
+    result = convert("deberta", "--from", "hf", "--source", source, "--output", output, "--dtype", "bfloat16").check()
+    assert_verified(result, "hidden states", "MLM logits (Enhanced Mask Decoder")
+    model = posformers.DebertaForMaskedLM.from_pretrained(output)
+    assert model.config.conv_kernel_size == 3 and next(model.parameters()).dtype == torch.bfloat16
+    conv = model.deberta.encoder.conv.conv.weight
+    assert torch.equal(conv, state["deberta.encoder.conv.conv.weight"].float().to(torch.bfloat16))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(output)
+    assert tokenizer(TEXT)["input_ids"] == transformers.AutoTokenizer.from_pretrained(source)(TEXT)["input_ids"]
+
+
+def test_hf_v3_discriminator_gives_rtd_and_loads_with_remote_code(workdir, convert, spm_model, capsys):
+    source, output = workdir / "deberta-v3", workdir / "out"
+    state = write_hf_v3(source, spm_model)
+    result = convert("deberta", "--from", "hf", "--source", source, "--output", output).check()
+    assert_verified(result, "hidden states", "RTD logits")
+    assert "MLM head (lm_predictions)" in result.stdout and "absolute position table" in result.stdout
+    model = transformers.AutoModelForPreTraining.from_pretrained(output).eval()
+    assert isinstance(model, posformers.DebertaForReplacedTokenDetection)
+    assert_weights_equal(model, state, {"mask_predictions.classifier.weight": "mask_predictions.classifier.weight"})
+    tokenizer = transformers.AutoTokenizer.from_pretrained(output)
+    inputs = dict(tokenizer([TEXT, "good"], padding=True, return_tensors="pt"))
+    assert int(inputs["input_ids"].max()) < model.config.vocab_size
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    remote = load_with_remote_code(output, "AutoModelForPreTraining", inputs, workdir)
+    assert (remote["logits"] - expected).abs().max().item() <= VERIFY_TOLERANCE
+
+    # the MLM head of the same checkpoint, on request: verified through the Enhanced Mask Decoder
+    code, printed = run_in_process(
+        capsys, "deberta", "--from", "hf", "--source", source, "--output", workdir / "mlm", "--head", "masked-lm"
+    )
+    assert code == 0, printed
+    assert "MLM logits (Enhanced Mask Decoder" in printed and "replaced token detection head" in printed
+
+
+def test_original_v1_release_with_bpe_encoder(workdir, convert):
+    source, output = workdir / "deberta-base-original", workdir / "out"
+    state, deberta_id = write_original_v1(source)
+    result = convert("deberta", "--from", "original", "--source", source, "--output", output).check()
+    assert_verified(result, "hidden states", "MLM logits (Enhanced Mask Decoder, 2 steps)")
+    model = posformers.DebertaForMaskedLM.from_pretrained(output)
+    key = "deberta.encoder.layer.0.attention.self.pos_q_proj.bias"
+    assert_weights_equal(model, state, {key: key})
+    # bpe_encoder.bin became vocab.json + merges.txt with the repository's ids: [CLS] 1, [SEP] 2, words remapped
+    tokenizer = transformers.AutoTokenizer.from_pretrained(output)
+    gpt2 = transformers.GPT2Tokenizer(str(VOCAB_DIR / "gpt2" / "vocab.json"), str(VOCAB_DIR / "gpt2" / "merges.txt"))
+    words = [deberta_id[i] for i in gpt2(TEXT)["input_ids"]]
+    assert tokenizer(TEXT)["input_ids"] == [1, *words, 2]
+    assert tokenizer.convert_tokens_to_ids("[MASK]") == 4 + len(deberta_id)
+
+
+def test_original_v3_release_with_config_inside_the_state(workdir, convert, spm_model):
+    source, output = workdir / "deberta-v3-original", workdir / "out"
+    state = write_original_v3(source, spm_model)
+    result = convert("deberta", "--from", "original", "--source", source / "pytorch_model.bin", "--output", output)
+    result.check()
+    assert_verified(result, "hidden states", "RTD logits")
+    assert "config" in result.stdout  # the non-tensor entry is reported, not loaded as a weight
+    model = posformers.DebertaForReplacedTokenDetection.from_pretrained(output)
+    assert model.config.position_buckets == 16 and model.config.share_att_key
+    assert_weights_equal(model, state, {"mask_predictions.classifier.bias": "mask_predictions.classifer.bias"})
+    assert transformers.AutoTokenizer.from_pretrained(output).tokenize(TEXT)
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (
+            lambda s: s.__setitem__("deberta.encoder.layer.0.attention.self.extra.weight", torch.ones(2).half()),
+            "deberta.encoder.layer.0.attention.self.extra.weight",
+        ),
+        (lambda s: s.pop("deberta.encoder.rel_embeddings.weight"), "deberta.encoder.rel_embeddings.weight"),
+        (lambda s: s.__setitem__("pooler.dense.weight", torch.ones(2, 2).half()), "pooler.dense.weight"),
+        (
+            lambda s: s.__setitem__("deberta.embeddings.position_embeddings.weight", torch.ones(7, 32).half()),
+            "deberta.embeddings.position_embeddings.weight: expected (512, 32), found (7, 32)",
+        ),
+    ],
+    ids=["extra", "missing", "unknown-head", "shape"],
+)
+def test_accounting_stops_with_the_key_named(edit, named, workdir, capsys):
+    source, output = workdir / "deberta-base", workdir / "out"
+    write_hf_v1(source, edit)
+    code, printed = run_in_process(capsys, "deberta", "--from", "hf", "--source", source, "--output", output)
+    assert code == 1 and named in printed and "Traceback" not in printed, printed
+    assert not output.exists()
+
+
+def test_wrong_format_and_missing_head_are_refused(workdir, capsys):
+    source = workdir / "deberta-base"
+    write_hf_v1(source)
+    code, printed = run_in_process(
+        capsys, "deberta", "--from", "original", "--source", source, "--output", workdir / "o"
+    )
+    assert code == 1 and "no model_config.json" in printed
+    args = ["deberta", "--from", "hf", "--source", source, "--output", workdir / "o", "--head", "rtd"]
+    code, printed = run_in_process(capsys, *args)
+    assert code == 1 and "no mask_predictions" in printed
+
+
+@pytest.mark.parametrize(
+    ("change", "failing_row"),
+    [
+        # query and value biases of the last layer swapped: every hidden state of that layer moves
+        ("swap-biases", "hidden states"),
+        # a model whose decoder ran the last layer once instead of the official twice: only the EMD row can see it
+        ("one-emd-step", "MLM logits (Enhanced Mask Decoder"),
+    ],
+)
+def test_verification_catches_what_the_mapping_or_config_gets_wrong(change, failing_row, workdir, capsys, monkeypatch):
+    from posformers.conversion import deberta
+
+    source, output = workdir / "deberta-base", workdir / "out"
+    write_hf_v1(source)
+    if change == "swap-biases":
+        original_key_map = deberta.key_map
+
+        def swapped(*args):
+            keys = original_key_map(*args)
+            swap = {"q_bias": "v_bias", "v_bias": "q_bias"}
+            rule = (
+                r"deberta\.encoder\.layer\.1\.attention\.self\.(q_bias|v_bias)",
+                lambda match, tensor: {f"deberta.encoder.layer.1.attention.self.{swap[match[1]]}": tensor},
+            )
+            rules = [rule, *((pattern.pattern, replacement) for pattern, replacement in keys.rules)]
+            return deberta.core.KeyMap(rules, {pattern.pattern: reason for pattern, reason in keys.dropped})
+
+        monkeypatch.setattr(deberta, "key_map", swapped)
+    else:
+        original_config = deberta.posformers_config
+        monkeypatch.setattr(
+            deberta,
+            "posformers_config",
+            lambda official: original_config(official).__class__(
+                **{**original_config(official).to_dict(), "emd_steps": 1}
+            ),
+        )
+    code, printed = run_in_process(capsys, "deberta", "--from", "hf", "--source", source, "--output", output)
+    assert code == 1 and "verification failed" in printed, printed
+    failed = printed.split("verification failed:")[1]
+    assert failing_row in failed and (change == "swap-biases" or "hidden states" not in failed), failed
+    assert not output.exists()
