@@ -130,3 +130,13 @@ def load_with_remote_code(model_dir: Path, auto_name: str, inputs: dict, workdir
     )
     assert loaded["module"].startswith("transformers_modules."), loaded
     return load_file(str(outputs_file))
+
+
+def run_in_process(capsys, *args) -> tuple[int, str]:
+    """`posformers-convert *args` run in this process (quicker, for refusals and options): exit status and everything
+    it printed, stdout then stderr."""
+    from posformers.conversion import cli
+
+    code = cli.main([str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
