@@ -18,9 +18,8 @@ import transformers
 from safetensors.torch import save_file
 
 import posformers
-from posformers.conversion import cli
 
-from .conftest import SHARED_DATA, VOCAB_DIR, check_overwrite_behaviour, load_with_remote_code
+from .conftest import SHARED_DATA, VOCAB_DIR, check_overwrite_behaviour, load_with_remote_code, run_in_process
 
 VERIFY_TOLERANCE = 1e-5
 TEXT = "the movie was not as good as the book"
@@ -205,12 +204,6 @@ def assert_weights_equal(model, state: dict[str, torch.Tensor], pairs: dict[str,
     ours = model.state_dict()
     for our_key, source_key in pairs.items():
         assert torch.equal(ours[our_key], state[source_key].float()), our_key
-
-
-def run_in_process(capsys, *args) -> tuple[int, str]:
-    code = cli.main([str(arg) for arg in args])
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
 
 
 def test_hf_v1_converts_with_the_enhanced_mask_decoder(workdir, convert):

@@ -15,9 +15,8 @@ import transformers
 from safetensors.torch import save_file
 
 import posformers
-from posformers.conversion import cli
 
-from .conftest import VOCAB_DIR, check_overwrite_behaviour, load_with_remote_code
+from .conftest import VOCAB_DIR, check_overwrite_behaviour, load_with_remote_code, run_in_process
 
 VERIFY_TOLERANCE = 1e-5
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
@@ -140,12 +139,6 @@ def test_roberta_release_maps_its_lm_head_and_drops_the_pooler(workdir, convert)
         assert torch.equal(ours[our_key], theirs[their_key]), our_key
     tokenizer = transformers.AutoTokenizer.from_pretrained(output)
     assert tokenizer.tokenize(TEXT) == transformers.AutoTokenizer.from_pretrained(source).tokenize(TEXT)
-
-
-def run_in_process(capsys, *args) -> tuple[int, str]:
-    code = cli.main([str(arg) for arg in args])
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
 
 
 def test_bare_encoder_gives_a_littlebird_model(workdir, capsys):
