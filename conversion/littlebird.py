@@ -44,11 +44,11 @@ _LAYER_PARTS = (
     r"output\.LayerNorm",
 )
 # Parameters LittleBird has and BERT/RoBERTa do not: initialised fresh (regexes over LittleBirdModel's names).
-NEW_PARAMETERS = (
-    r"embeddings\.pack_embeddings",
-    r"encoder\.layer\.\d+\.pack_attention\..+",
-    r"encoder\.layer\.\d+\.attention\.self\.(?:alpha|beta|gamma)",
-)
+NEW_PARAMETERS = {
+    r"embeddings\.pack_embeddings": "P0 (embeddings.pack_embeddings)",
+    r"encoder\.layer\.\d+\.pack_attention\..+": "each layer's pack attention and its LayerNorm (pack_attention.*)",
+    r"encoder\.layer\.\d+\.attention\.self\.(?:alpha|beta|gamma)": "BiALiBi slopes (attention.self.alpha/beta/gamma)",
+}
 POSITION_REASON = (
     "absolute position table: LittleBird has no absolute positions (BiALiBi is its only position signal, so there is "
     "no maximum length); the paper drops it"
@@ -265,7 +265,12 @@ def load_teacher(source: Path, source_format: str, with_head: bool):
 
     name = {"bert": "Bert", "roberta": "Roberta"}[source_format] + ("ForMaskedLM" if with_head else "Model")
     try:
-        teacher = getattr(transformers, name).from_pretrained(source, dtype=torch.float32)
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # its report of the pooler / NSP tensors it skips is expected
+        try:
+            teacher = getattr(transformers, name).from_pretrained(source, dtype=torch.float32)
+        finally:
+            transformers.logging.set_verbosity(verbosity)
     except (OSError, ValueError, RuntimeError) as error:
         raise ConversionError(f"transformers' {name} could not load {source} for verification: {error}") from error
     return teacher.eval()
@@ -396,7 +401,7 @@ def convert(args: argparse.Namespace) -> int:
 
 
 def _new_summary(new: dict[str, torch.Tensor]) -> list[str]:
-    """The new parameter groups, one name per kind (layer numbers folded)."""
+    """The kinds of new parameters present in `new`, as named in `NEW_PARAMETERS`."""
     import re
 
-    return sorted({re.sub(r"\.\d+\.", ".N.", key) for key in new})
+    return [label for pattern, label in NEW_PARAMETERS.items() if any(re.search(pattern, key) for key in new)]
