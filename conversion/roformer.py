@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -201,7 +203,9 @@ def tf_key_map() -> KeyMap:
 
 def read_tf_checkpoint(prefix: Path) -> dict[str, torch.Tensor]:
     """Every variable of the TF checkpoint `prefix` (as written by tf.compat.v1.train.Saver), by name."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up chatter would bury the conversion report
     try:
+        import numpy as np
         import tensorflow as tf
     except ImportError as error:
         raise ConversionError(
@@ -212,7 +216,7 @@ def read_tf_checkpoint(prefix: Path) -> dict[str, torch.Tensor]:
     except (tf.errors.OpError, ValueError) as error:
         raise ConversionError(f"{prefix}: not a readable TensorFlow checkpoint ({error})") from error
     names = sorted(reader.get_variable_to_shape_map())
-    return {name: torch.from_numpy(reader.get_tensor(name).copy()) for name in names}
+    return {name: torch.from_numpy(np.array(reader.get_tensor(name))) for name in names}
 
 
 def find_tf_prefix(source: Path) -> Path:
@@ -502,7 +506,8 @@ def build_tokenizer(vocab_file: Path | str | None, config):
         log("note: no vocab.txt next to the source and no --vocab: no tokenizer written")
         return None
     vocab_file = Path(vocab_file)
-    vocab = _read_text(vocab_file, "--vocab").splitlines()
+    # split on "\n" only: str.splitlines would also split tokens that are other line-break characters
+    vocab = _read_text(vocab_file, "--vocab").rstrip("\n").split("\n")
     import transformers
 
     if is_word_level(vocab):
@@ -517,7 +522,7 @@ def build_tokenizer(vocab_file: Path | str | None, config):
     else:
         tokenizer_class = transformers.BertTokenizer
     with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+        shutil.copyfile(vocab_file, Path(folder) / "vocab.txt")
         tokenizer = tokenizer_class.from_pretrained(folder, do_lower_case=True)
     tokenizer.model_max_length = config.max_position_embeddings
     if len(tokenizer) != config.vocab_size:
