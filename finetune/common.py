@@ -322,15 +322,33 @@ def load_config(model_args: ModelArguments, **config_kwargs):
         name = model_args.config_name or model_args.model_name_or_path
         config = AutoConfig.from_pretrained(name, **config_kwargs, **_hub_kwargs(model_args))
     elif model_args.model_type:
-        config = config_class_for(model_args.model_type, "--model_type")(**config_kwargs)
+        # A new config takes the overrides as constructor arguments, so that the fields derived from them in
+        # __post_init__ follow (embedding_size from hidden_size, ...) and the config's own checks see them.
+        config_class = config_class_for(model_args.model_type, "--model_type")
+        overrides = parse_overrides(config_class, model_args.config_overrides)
+        try:
+            return config_class(**{**config_kwargs, **overrides})
+        except ValueError as error:
+            raise ArgumentError(f"--model_type {model_args.model_type} --config_overrides: {error}") from error
     else:
         raise ArgumentError("give --model_name_or_path, --config_name or --model_type")
     if model_args.config_overrides:
-        try:
-            config.update_from_string(model_args.config_overrides)
-        except ValueError as error:
-            raise ArgumentError(f"--config_overrides {model_args.config_overrides!r}: {error}") from error
+        for key, value in parse_overrides(type(config), model_args.config_overrides).items():
+            setattr(config, key, value)
     return config
+
+
+def parse_overrides(config_class, overrides: str | None) -> dict:
+    """'hidden_size=64,hidden_act=gelu' -> {"hidden_size": 64, "hidden_act": "gelu"}, typed like the config's fields."""
+    if not overrides:
+        return {}
+    probe = config_class()
+    try:
+        probe.update_from_string(overrides)
+    except ValueError as error:
+        raise ArgumentError(f"--config_overrides {overrides!r}: {error}") from error
+    keys = [item.split("=", 1)[0].strip() for item in overrides.split(",") if item.strip()]
+    return {key: getattr(probe, key) for key in keys}
 
 
 def load_tokenizer(model_args: ModelArguments):
