@@ -1,0 +1,547 @@
+"""GLUE data: the nine tasks from GLUE's TSV files as distributed, from the Hub dataset, or from custom tables.
+
+    tables = load_glue_tables(task, files, skip_bad_examples=False)   # {split: Table}, validated, no tokenizer yet
+
+A `Table` holds the texts (`text`, and `text_pair` for sentence-pair tasks), labels as ids (or floats for STS-B /
+regression), the example ids `idx`, and the label names; `Table.to_dataset()` turns it into a `datasets.Dataset`.
+
+Reading rules, learned from GLUE's distribution (and transformers' old `glue` processors, whose layouts these are):
+
+* GLUE TSVs are read with quoting disabled: MRPC, QQP and MNLI have unbalanced `"` inside fields, which a CSV reader
+  would swallow across lines. A UTF-8 BOM (MRPC has one) is dropped. Every row is checked; a bad row is reported with
+  its file and line (or skipped with `--skip_bad_examples`).
+* Columns by position, per task and split, as below; CoLA's train/dev have no header, every other file has one; test
+  files have the example index in column 0 and no label.
+* Label ids follow the Hub dataset `nyu-mll/glue` (MNLI: entailment 0, neutral 1, contradiction 2; QNLI and RTE:
+  entailment 0, not_entailment 1), so a model trained on either source predicts the same ids.
+* A .tsv whose header has a `label` column, and any .csv / .json / .jsonl file, is a table read by column name (SST-2,
+  QNLI, RTE and WNLI's own headers qualify, with the same result). Text columns are the task's (`sentence`,
+  `sentence1`/`sentence2`, `question`/`sentence`, `question1`/`question2`, `premise`/`hypothesis`); without a task,
+  the first known pair found, else the first one or two columns that are not the label or an id. Labels may be label
+  names or ids. Without a task, the label set is the sorted set of training labels; float labels mean regression.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import math
+from pathlib import Path
+
+import datasets
+
+from .common import BadExamples, DataError
+
+logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tasks
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TsvLayout:
+    """Where a GLUE TSV keeps its fields: column positions (negative counts from the end), and whether a header row
+    comes first. `index` is the example-id column of test files (None: the row order)."""
+
+    text: tuple[int, ...]
+    label: int | None
+    header: bool = True
+    index: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueTask:
+    name: str
+    columns: tuple[str, ...]  # text column names in the Hub dataset
+    label_names: tuple[str, ...] | None  # None: regression
+    train_layout: TsvLayout  # train and dev files
+    test_layout: TsvLayout
+    submission: str  # file stem of the GLUE submission (test predictions)
+    matched_mismatched: bool = False
+
+    @property
+    def is_regression(self) -> bool:
+        return self.label_names is None
+
+    def split_files(self) -> dict[str, str]:
+        """Split name -> official file name in a GLUE task folder."""
+        if self.matched_mismatched:
+            return {
+                "train": "train.tsv",
+                "validation_matched": "dev_matched.tsv",
+                "validation_mismatched": "dev_mismatched.tsv",
+                "test_matched": "test_matched.tsv",
+                "test_mismatched": "test_mismatched.tsv",
+            }
+        return {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv"}
+
+
+BINARY = ("0", "1")
+NLI_BINARY = ("entailment", "not_entailment")
+PAIR_1_2 = TsvLayout(text=(1, 2), label=-1)
+PAIR_TEST_1_2 = TsvLayout(text=(1, 2), label=None, index=0)
+
+GLUE_TASKS = {
+    task.name: task
+    for task in (
+        GlueTask(
+            "cola",
+            ("sentence",),
+            BINARY,
+            TsvLayout(text=(3,), label=1, header=False),
+            TsvLayout(text=(1,), label=None, index=0),
+            "CoLA",
+        ),
+        GlueTask("sst2", ("sentence",), BINARY, TsvLayout(text=(0,), label=1), TsvLayout((1,), None, index=0), "SST-2"),
+        GlueTask(
+            "mrpc",
+            ("sentence1", "sentence2"),
+            BINARY,
+            TsvLayout(text=(3, 4), label=0),
+            TsvLayout(text=(3, 4), label=None, index=0),
+            "MRPC",
+        ),
+        GlueTask(
+            "qqp",
+            ("question1", "question2"),
+            BINARY,
+            TsvLayout(text=(3, 4), label=5),
+            PAIR_TEST_1_2,
+            "QQP",
+        ),
+        GlueTask(
+            "stsb",
+            ("sentence1", "sentence2"),
+            None,
+            TsvLayout(text=(7, 8), label=-1),
+            TsvLayout(text=(7, 8), label=None, index=0),
+            "STS-B",
+        ),
+        GlueTask(
+            "mnli",
+            ("premise", "hypothesis"),
+            ("entailment", "neutral", "contradiction"),
+            TsvLayout(text=(8, 9), label=-1),
+            TsvLayout(text=(8, 9), label=None, index=0),
+            "MNLI",
+            matched_mismatched=True,
+        ),
+        GlueTask("qnli", ("question", "sentence"), NLI_BINARY, PAIR_1_2, PAIR_TEST_1_2, "QNLI"),
+        GlueTask("rte", ("sentence1", "sentence2"), NLI_BINARY, PAIR_1_2, PAIR_TEST_1_2, "RTE"),
+        GlueTask("wnli", ("sentence1", "sentence2"), BINARY, PAIR_1_2, PAIR_TEST_1_2, "WNLI"),
+    )
+}
+
+# Text column names a custom table may use, in the order they are looked for.
+KNOWN_TEXT_COLUMNS = (
+    ("sentence1", "sentence2"),
+    ("premise", "hypothesis"),
+    ("question1", "question2"),
+    ("question", "sentence"),
+    ("sentence",),
+    ("text",),
+)
+ID_COLUMNS = ("idx", "index", "id", "guid")
+LABEL_COLUMN = "label"
+
+
+def get_task(name: str) -> GlueTask:
+    if name.lower() not in GLUE_TASKS:
+        raise DataError(f"unknown task {name!r}; GLUE tasks: {', '.join(GLUE_TASKS)}", column="--task_name")
+    return GLUE_TASKS[name.lower()]
+
+
+def submission_name(task: GlueTask, split: str) -> str:
+    """GLUE's name for the predictions of `split`: SST-2, MNLI-m (test_matched), MNLI-mm (test_mismatched), ..."""
+    if split.endswith("_mismatched"):
+        return f"{task.submission}-mm"
+    if split.endswith("_matched"):
+        return f"{task.submission}-m"
+    return task.submission
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tables
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Example:
+    """One row as read: its texts, its label as written (None in a test file), its id and line (or JSON index)."""
+
+    texts: tuple[str, ...]
+    label: object
+    idx: int
+    line: int
+
+
+@dataclasses.dataclass
+class Table:
+    """One split. After `encode_labels`, labels are ids into label_names (floats for regression; None: test split)."""
+
+    examples: list[Example]
+    path: Path | str
+    has_labels: bool
+    label_names: tuple[str, ...] | None = None
+    labels: list | None = None
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def to_dataset(self) -> datasets.Dataset:
+        """Columns: text (and text_pair), label (when known), idx."""
+        columns = {"text": [example.texts[0] for example in self.examples]}
+        if self.examples and len(self.examples[0].texts) > 1:
+            columns["text_pair"] = [example.texts[1] for example in self.examples]
+        if self.labels is not None:
+            columns["label"] = self.labels
+        columns["idx"] = [example.idx for example in self.examples]
+        return datasets.Dataset.from_dict(columns)
+
+
+@dataclasses.dataclass
+class RawRow:
+    """A row of a custom table as read: fields by column name, and its line (or index in a JSON array)."""
+
+    fields: dict
+    line: int
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    """Non-blank lines of a text file with their 1-based numbers; a UTF-8 BOM is dropped."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as handle:
+            numbered = [(number, line.rstrip("\r\n")) for number, line in enumerate(handle, start=1)]
+    except UnicodeDecodeError as error:
+        raise DataError(f"not UTF-8 text ({error.reason} at byte {error.start})", path=path) from error
+    return [(number, line) for number, line in numbered if line.strip()]
+
+
+def is_glue_layout(path: Path) -> bool:
+    """A .tsv is read by GLUE's column positions unless its first line is a header with a `label` column."""
+    lines = _lines(path)
+    return not lines or LABEL_COLUMN not in [name.strip() for name in lines[0][1].split("\t")]
+
+
+def read_glue_tsv(path: Path, task: GlueTask, split: str, bad: BadExamples) -> Table:
+    """A GLUE TSV as distributed, fields by position (quoting disabled, see the module docstring)."""
+    is_test = split.startswith("test")
+    layout = task.test_layout if is_test else task.train_layout
+    lines = _lines(path)
+    header = lines[0][1].split("\t") if layout.header and lines else None
+    body = lines[1:] if layout.header else lines
+    width = 1 + max(p for p in (*layout.text, layout.label or 0, layout.index or 0) if p >= 0)
+    examples = []
+    for number, line in body:
+        fields = line.split("\t")
+        try:
+            if len(fields) < width:
+                raise DataError(f"{len(fields)} tab-separated fields, {task.name} needs {width}", path=path, row=number)
+            idx = (
+                len(examples) + len(bad)
+                if layout.index is None
+                else _int_field(fields, layout.index, header, path, number)
+            )
+            label = None if layout.label is None else fields[layout.label]
+            examples.append(Example(tuple(fields[p] for p in layout.text), label, idx, number))
+        except DataError as error:
+            bad.add(error)
+    return Table(examples, path, has_labels=not is_test)
+
+
+def _int_field(fields: list[str], position: int, header, path, number) -> int:
+    try:
+        return int(fields[position])
+    except ValueError as error:
+        column = header[position] if header and position < len(header) else f"#{position}"
+        raise DataError(
+            f"expected an integer index, got {fields[position]!r}", path=path, row=number, column=column
+        ) from error
+
+
+def choose_text_columns(columns: list[str], task: GlueTask | None, requested: tuple[str, ...] | None, path) -> tuple:
+    """The text columns of a custom table: requested ones, the task's, a known pair, or the first non-label ones."""
+    if requested or task is not None:
+        wanted = requested or task.columns
+        missing = [name for name in wanted if name not in columns]
+        if missing and task is not None and not requested:
+            # GLUE's own header names for the same fields (QQP's question1/2 and MNLI's premise/hypothesis differ).
+            for known in KNOWN_TEXT_COLUMNS:
+                if len(known) == len(wanted) and all(name in columns for name in known):
+                    return known
+        if missing:
+            raise DataError(
+                f"missing text column(s) {', '.join(repr(m) for m in missing)}"
+                + (f" for task {task.name}" if task else "")
+                + f"; the file has: {', '.join(columns)}",
+                path=path,
+            )
+        return tuple(wanted)
+    for known in KNOWN_TEXT_COLUMNS:
+        if all(name in columns for name in known):
+            return known
+    others = [name for name in columns if name != LABEL_COLUMN and name.lower() not in ID_COLUMNS]
+    if not others:
+        raise DataError(f"no text column; the file has: {', '.join(columns)}", path=path)
+    return tuple(others[:2])
+
+
+def read_custom_table(path: Path, task: GlueTask | None, split: str, text_columns, bad: BadExamples) -> Table:
+    """A table read by column name (csv, tsv with a header, json, jsonl)."""
+    rows = read_table_rows(path)
+    if not rows:
+        return Table([], path, has_labels=False)
+    columns = list(rows[0].fields)
+    chosen = choose_text_columns(columns, task, text_columns, path)
+    has_labels = LABEL_COLUMN in columns
+    if not has_labels and not split.startswith("test"):
+        raise DataError(f"no {LABEL_COLUMN!r} column; the file has: {', '.join(columns)}", path=path)
+    id_column = next((name for name in columns if name.lower() in ID_COLUMNS), None)
+    examples = []
+    for row in rows:
+        try:
+            texts = tuple(_text_field(row, name, path) for name in chosen)
+            label = row.fields.get(LABEL_COLUMN) if has_labels else None
+            idx = len(examples) + len(bad)
+            if id_column is not None and str(row.fields.get(id_column, "")).strip().lstrip("-").isdigit():
+                idx = int(row.fields[id_column])
+            examples.append(Example(texts, label, idx, row.line))
+        except DataError as error:
+            bad.add(error)
+    return Table(examples, path, has_labels=has_labels)
+
+
+def _text_field(row: RawRow, name: str, path) -> str:
+    value = row.fields.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise DataError("missing or empty text", path=path, row=row.line, column=name)
+    return value
+
+
+def read_table_rows(path: Path) -> list[RawRow]:
+    """Rows of a custom table by column name: .csv (standard quoting), .tsv with a header, .json (an array of
+    objects, or an object with a "data" array), .jsonl (one object per line)."""
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        with open(path, encoding="utf-8-sig", newline="") as handle:
+            if suffix == ".csv":
+                reader = csv.reader(handle)
+                records = [(reader.line_num, record) for record in reader]
+            else:
+                records = [(n, line.rstrip("\r\n").split("\t")) for n, line in enumerate(handle, start=1)]
+        records = [(n, record) for n, record in records if any(field.strip() for field in record)]
+        if not records:
+            return []
+        header = [name.strip() for name in records[0][1]]
+        rows = []
+        for number, record in records[1:]:
+            if len(record) != len(header):
+                raise DataError(f"{len(record)} fields where the header has {len(header)}", path=path, row=number)
+            rows.append(RawRow(dict(zip(header, record)), number))
+        return rows
+    if suffix == ".jsonl":
+        rows = []
+        with open(path, encoding="utf-8-sig") as handle:
+            for number, line in enumerate(handle, start=1):
+                if line.strip():
+                    rows.append(RawRow(_json_object(line, path, number), number))
+        return rows
+    if suffix == ".json":
+        try:
+            content = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+        except json.JSONDecodeError as error:
+            raise DataError(f"not valid JSON: {error.msg}", path=path, row=error.lineno) from error
+        if isinstance(content, dict) and isinstance(content.get("data"), list):
+            content = content["data"]
+        if not isinstance(content, list) or not all(isinstance(item, dict) for item in content):
+            raise DataError('expected a JSON array of objects (or {"data": [...]})', path=path)
+        return [RawRow(item, index) for index, item in enumerate(content)]
+    raise DataError(f"unsupported file type {suffix!r}: use .tsv, .csv, .json or .jsonl", path=path)
+
+
+def _json_object(line: str, path: Path, number: int) -> dict:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataError(f"not valid JSON: {error.msg}", path=path, row=number) from error
+    if not isinstance(value, dict):
+        raise DataError("expected a JSON object", path=path, row=number)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Labels
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def infer_label_names(table: Table) -> tuple[str, ...] | None:
+    """A custom task's labels from its training table: None (regression) when they are numbers and not all integers,
+    else the distinct labels as strings, sorted (numerically when they are integers)."""
+    values = [str(example.label).strip() for example in table.examples if example.label is not None]
+    if not values:
+        raise DataError("no labels to learn the label set from", path=table.path)
+    numbers = [_as_float(value) for value in values]
+    if all(number is not None for number in numbers):
+        if not all(float(number).is_integer() for number in numbers):
+            return None
+        return tuple(str(n) for n in sorted({int(number) for number in numbers}))
+    return tuple(sorted(set(values)))
+
+
+def _as_float(value: str) -> float | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def encode_label(value, label_names: tuple[str, ...] | None):
+    """A label as written -> its id in label_names (a label name, or an id in range), or a float for regression."""
+    text = "" if value is None else str(value).strip()
+    if label_names is None:
+        number = _as_float(text)
+        if number is None:
+            raise DataError(f"label {text!r} is not a number (regression task)", column=LABEL_COLUMN)
+        return number
+    if text in label_names:
+        return label_names.index(text)
+    if text.isdigit() and int(text) < len(label_names):
+        return int(text)
+    raise DataError(f"label {text!r} is not one of {', '.join(label_names)}", column=LABEL_COLUMN)
+
+
+def encode_labels(table: Table, label_names: tuple[str, ...] | None, bad: BadExamples) -> Table:
+    """Fill `table.labels` (ids or floats) and `table.label_names`; rows with a bad label go to `bad`."""
+    table.label_names = label_names
+    if not table.has_labels:
+        return table
+    kept, labels = [], []
+    for example in table.examples:
+        try:
+            labels.append(encode_label(example.label, label_names))
+            kept.append(example)
+        except DataError as error:
+            bad.add(DataError(error.message, path=table.path, row=example.line, column=error.column))
+    table.examples, table.labels = kept, labels
+    return table
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sources: files, a GLUE folder, the Hub
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def split_files(task: GlueTask | None, data_dir, explicit: dict[str, str | None]) -> dict[str, Path]:
+    """Split -> file: GLUE's official names found in `data_dir`, then the files given explicitly.
+
+    explicit: {"train": ..., "validation": ..., "validation_mismatched": ..., "test": ..., "test_mismatched": ...};
+    for MNLI "validation" and "test" mean the matched sets.
+    """
+    files = {}
+    if data_dir is not None:
+        if task is None:
+            raise DataError("--data_dir needs --task_name (it says which GLUE files to look for)", path=data_dir)
+        if not Path(data_dir).is_dir():
+            raise DataError("no such folder", path=data_dir)
+        for split, name in task.split_files().items():
+            if (Path(data_dir) / name).is_file():
+                files[split] = Path(data_dir) / name
+    for split, path in explicit.items():
+        if path is None:
+            continue
+        if task is not None and task.matched_mismatched and split in ("validation", "test"):
+            split = f"{split}_matched"
+        if not Path(path).is_file():
+            raise DataError("no such file", path=path, column=f"--{split}_file")
+        files[split] = Path(path)
+    return files
+
+
+def read_split(path: Path, task: GlueTask | None, split: str, text_columns, bad: BadExamples) -> Table:
+    """One split's file, as a GLUE TSV (by position) or as a table (by column name); an empty file is an error."""
+    if task is not None and path.suffix.lower() == ".tsv" and is_glue_layout(path):
+        table = read_glue_tsv(path, task, split, bad)
+    else:
+        table = read_custom_table(path, task, split, text_columns, bad)
+    if not table.examples and not bad:
+        raise DataError("no examples (empty file)", path=path)
+    return table
+
+
+def read_files(files: dict[str, Path], task: GlueTask | None, text_columns, skip_bad: bool) -> dict[str, Table]:
+    """Read and validate every split; the label set comes from the task, else from the training (or first) split."""
+    bad = {split: BadExamples(skip_bad, split) for split in files}
+    tables = {split: read_split(path, task, split, text_columns, bad[split]) for split, path in files.items()}
+    if task is not None:
+        label_names = task.label_names
+    else:
+        labelled = [t for s, t in tables.items() if t.has_labels and s == "train"] or [
+            t for t in tables.values() if t.has_labels
+        ]
+        if not labelled:
+            raise DataError(
+                "no split has a 'label' column, so the label set is unknown", path=next(iter(files.values()))
+            )
+        label_names = infer_label_names(labelled[0])
+    for split, table in tables.items():
+        encode_labels(table, label_names, bad[split])
+        if not table.examples:
+            raise DataError(f"no usable examples ({bad[split].summary()})", path=table.path)
+    _check_pair_columns(tables)
+    for collected in bad.values():
+        if len(collected):
+            logger.warning(collected.summary())
+    return tables
+
+
+def _check_pair_columns(tables: dict[str, Table]) -> None:
+    """Every split must have the same number of text fields (one sentence, or a pair)."""
+    widths = {split: len(table.examples[0].texts) for split, table in tables.items()}
+    if len(set(widths.values())) > 1:
+        detail = ", ".join(f"{split}: {width}" for split, width in widths.items())
+        raise DataError(
+            f"splits disagree on the number of text columns ({detail})", path=next(iter(tables.values())).path
+        )
+
+
+def hub_is_offline() -> bool:
+    return bool(datasets.config.HF_HUB_OFFLINE)
+
+
+def read_hub(name: str, config_name: str | None, task: GlueTask | None, text_columns, cache_dir) -> dict[str, Table]:
+    """A Hub dataset (e.g. nyu-mll/glue, config sst2); test splits (labels -1) become unlabelled tables."""
+    where = f"{name}" + (f" ({config_name})" if config_name else "")
+    try:
+        dataset = datasets.load_dataset(name, config_name, cache_dir=cache_dir)
+    except Exception as error:
+        if hub_is_offline():
+            raise DataError(
+                f"cannot load the Hub dataset {where}: the Hub is offline (HF_HUB_OFFLINE=1) and it is not in the "
+                "datasets cache. Give local files instead: --data_dir with GLUE's TSV files, or --train_file / "
+                "--validation_file / --test_file"
+            ) from error
+        raise DataError(f"cannot load the Hub dataset {where}: {type(error).__name__}: {error}") from error
+    tables = {}
+    for split, part in dataset.items():
+        label_feature = part.features.get(LABEL_COLUMN)
+        if label_feature is None:
+            raise DataError(
+                f"split {split!r} has no {LABEL_COLUMN!r} column; columns: {', '.join(part.column_names)}", path=where
+            )
+        chosen = choose_text_columns(part.column_names, task, text_columns, where)
+        label_names = task.label_names if task else getattr(label_feature, "names", None)
+        labels = part[LABEL_COLUMN]
+        ids = part["idx"] if "idx" in part.column_names else list(range(len(part)))
+        has_labels = not (split.startswith("test") and all(label == -1 for label in labels))
+        examples = [
+            Example(tuple(texts), None, idx, row)
+            for row, (idx, *texts) in enumerate(zip(ids, *(part[column] for column in chosen)))
+        ]
+        table = Table(examples, where, has_labels=has_labels, label_names=label_names)
+        table.labels = [float(v) if label_names is None else int(v) for v in labels] if has_labels else None
+        tables[split] = table
+    return tables

@@ -1,0 +1,323 @@
+"""Fine-tune a posformers (or any transformers) encoder on GLUE or on your own sentence(-pair) classification data.
+
+    posformers-glue --model_name_or_path <model> --task_name sst2 --data_dir glue/SST-2 \\
+        --do_train --do_eval --do_predict --output_dir out/sst2        # GLUE's TSV files as distributed
+    posformers-glue --model_name_or_path <model> --task_name mnli --do_train --do_eval --output_dir out/mnli
+                                                                        # the Hub dataset nyu-mll/glue (online)
+    posformers-glue --model_name_or_path <model> --train_file train.csv --validation_file dev.jsonl ...
+                                                                        # your own table with a `label` column
+    posformers-glue --config_name config.json --tokenizer_name <tokenizer> ...   # a new model, from scratch
+
+Also `python -m posformers.finetune.run_glue` and, in Python, `posformers.finetune.run_glue.main([...])`. Every
+`TrainingArguments` flag works (`--eval_strategy`, `--save_steps`, `--push_to_hub`, `--resume_from_checkpoint True`,
+`--ddp_backend`, `--fsdp`, `--deepspeed`, ...); under torchrun / accelerate launch Trainer runs it distributed.
+
+What it writes into --output_dir: the model and tokenizer (`save_pretrained`), train/eval/predict `*_results.json`
+and `all_results.json`, and for --do_predict the test predictions in GLUE's submission format: `<TASK>.tsv`
+(`SST-2.tsv`, `MNLI-m.tsv` and `MNLI-mm.tsv`, ...; `predictions.tsv` for custom data) with `index\\tprediction`
+lines, label names for classification and scores for STS-B. MNLI is evaluated on validation_matched (`eval_*`) and
+validation_mismatched (`eval_mm_*`). Metrics: finetune/glue_metrics.py. Data rules: finetune/glue_data.py.
+
+Bad data stops the script before training with one line naming file, line and column (exit status 1):
+unknown task, missing text or label columns, labels outside the task's label set, empty files, malformed rows
+(`--skip_bad_examples` skips those rows and says how many), and labels that do not fit a fine-tuned model's head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import numpy as np
+from transformers import AutoModelForSequenceClassification, EvalPrediction, Trainer, TrainingArguments, set_seed
+
+from .common import (
+    DataError,
+    ModelArguments,
+    ModelInputsCollator,
+    RunArguments,
+    SampleLogCallback,
+    ThroughputCallback,
+    count_tokens,
+    exit_on_data_error,
+    load_config,
+    load_model,
+    load_tokenizer,
+    parse_arguments,
+    prepare_output_dir,
+    report_metrics,
+    setup_logging,
+)
+from .glue_data import GlueTask, Table, get_task, read_files, read_hub, split_files, submission_name
+from .glue_metrics import TASK_METRICS, glue_metrics
+
+logger = logging.getLogger(__name__)
+
+GLUE_HUB_NAMES = ("nyu-mll/glue", "glue")
+
+
+@dataclasses.dataclass
+class DataTrainingArguments:
+    """What data to train and evaluate on (names as in transformers' run_glue)."""
+
+    task_name: str | None = dataclasses.field(
+        default=None, metadata={"help": "GLUE task: " + ", ".join(TASK_METRICS) + ". Leave out for custom data."}
+    )
+    dataset_name: str | None = dataclasses.field(
+        default=None, metadata={"help": "A Hub dataset (default for a task without files: nyu-mll/glue)."}
+    )
+    dataset_config_name: str | None = dataclasses.field(
+        default=None, metadata={"help": "Its configuration (for nyu-mll/glue: the task name)."}
+    )
+    data_dir: str | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "A GLUE task folder with the official files (train.tsv, dev.tsv, test.tsv; MNLI: dev_matched...)"
+        },
+    )
+    train_file: str | None = dataclasses.field(default=None, metadata={"help": "A .tsv/.csv/.json/.jsonl file."})
+    validation_file: str | None = dataclasses.field(default=None, metadata={"help": "Same; MNLI: the matched set."})
+    validation_mismatched_file: str | None = dataclasses.field(default=None, metadata={"help": "MNLI mismatched dev."})
+    test_file: str | None = dataclasses.field(default=None, metadata={"help": "Same; MNLI: the matched test set."})
+    test_mismatched_file: str | None = dataclasses.field(default=None, metadata={"help": "MNLI mismatched test."})
+    text_columns: str | None = dataclasses.field(
+        default=None, metadata={"help": "Text column names of custom files, comma-separated (default: guessed)."}
+    )
+    max_seq_length: int = dataclasses.field(default=128, metadata={"help": "Longer inputs are truncated."})
+    pad_to_max_length: bool = dataclasses.field(
+        default=False, metadata={"help": "Pad every input to max_seq_length (default: pad each batch to its longest)."}
+    )
+    max_train_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N train rows."})
+    max_eval_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N eval rows."})
+    max_predict_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N test rows."})
+    overwrite_cache: bool = dataclasses.field(default=False, metadata={"help": "Re-tokenize cached Hub datasets."})
+    preprocessing_num_workers: int | None = dataclasses.field(default=None, metadata={"help": "Tokenizer processes."})
+
+    def explicit_files(self) -> dict[str, str | None]:
+        return {
+            "train": self.train_file,
+            "validation": self.validation_file,
+            "validation_mismatched": self.validation_mismatched_file,
+            "test": self.test_file,
+            "test_mismatched": self.test_mismatched_file,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_tables(data_args: DataTrainingArguments, skip_bad: bool, cache_dir) -> tuple[GlueTask | None, dict]:
+    """The task (None: custom data) and its validated splits, from files or the Hub."""
+    task = get_task(data_args.task_name) if data_args.task_name else None
+    text_columns = tuple(c.strip() for c in data_args.text_columns.split(",")) if data_args.text_columns else None
+    files = split_files(task, data_args.data_dir, data_args.explicit_files())
+    if files:
+        return task, read_files(files, task, text_columns, skip_bad)
+    if data_args.dataset_name is None and task is None:
+        raise DataError("no data: give --task_name, --data_dir, --train_file/--validation_file or --dataset_name")
+    name = data_args.dataset_name or GLUE_HUB_NAMES[0]
+    config_name = data_args.dataset_config_name
+    if config_name is None and name in GLUE_HUB_NAMES and task is not None:
+        config_name = task.name
+    return task, read_hub(name, config_name, task, text_columns, cache_dir)
+
+
+def splits_for(task: GlueTask | None, tables: dict, prefix: str) -> list[str]:
+    """The validation (prefix "validation") or test splits present, matched before mismatched."""
+    return sorted((split for split in tables if split.startswith(prefix)), key=lambda s: s.endswith("mismatched"))
+
+
+def limit(table: Table, count: int | None) -> Table:
+    """The first `count` rows of a table (all when count is None)."""
+    if count is not None and count < len(table):
+        table.examples = table.examples[:count]
+        if table.labels is not None:
+            table.labels = table.labels[:count]
+    return table
+
+
+def tokenize(table: Table, tokenizer, data_args: DataTrainingArguments, keep_ids: bool):
+    """A datasets.Dataset of input_ids, attention_mask (token_type_ids), label, and idx when `keep_ids`."""
+    dataset = table.to_dataset()
+    pair = "text_pair" in dataset.column_names
+    padding = "max_length" if data_args.pad_to_max_length else False
+
+    def encode(batch):
+        return tokenizer(
+            batch["text"],
+            batch["text_pair"] if pair else None,
+            truncation=True,
+            max_length=data_args.max_seq_length,
+            padding=padding,
+        )
+
+    removed = ["text", "text_pair"] if pair else ["text"]
+    if not keep_ids:
+        removed.append("idx")
+    return dataset.map(encode, batched=True, remove_columns=removed, num_proc=data_args.preprocessing_num_workers)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Labels and the model head
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def is_classification_checkpoint(config) -> bool:
+    """True when the config comes from a model fine-tuned with a sequence-classification head."""
+    return any(name.endswith("ForSequenceClassification") for name in (getattr(config, "architectures", None) or []))
+
+
+def set_labels(config, label_names: tuple[str, ...] | None, task: GlueTask | None, model_args: ModelArguments):
+    """Give the config the data's labels; refuse a fine-tuned head that has another number of labels."""
+    num_labels = 1 if label_names is None else len(label_names)
+    if (
+        model_args.model_name_or_path
+        and is_classification_checkpoint(config)
+        and config.num_labels != num_labels
+        and not model_args.ignore_mismatched_sizes
+    ):
+        raise DataError(
+            f"the data has {num_labels} label(s) ({', '.join(label_names or ['a score'])}) but "
+            f"{model_args.model_name_or_path} was fine-tuned with num_labels={config.num_labels} "
+            f"({', '.join(map(str, config.id2label.values()))}); pass --ignore_mismatched_sizes to give it a new head",
+            column="label",
+        )
+    names = list(label_names) if label_names is not None else ["score"]
+    config.id2label = dict(enumerate(names))
+    config.label2id = {name: i for i, name in enumerate(names)}
+    config.problem_type = "regression" if label_names is None else "single_label_classification"
+    config.finetuning_task = task.name if task else None
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Metrics and predictions
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def logits_to_predictions(logits, regression: bool) -> np.ndarray:
+    """(N, num_labels) logits -> (N,) class ids, or (N,) scores for regression."""
+    logits = logits[0] if isinstance(logits, tuple) else logits
+    return np.squeeze(logits, axis=-1) if regression else np.argmax(logits, axis=-1)
+
+
+def make_compute_metrics(task: GlueTask | None, regression: bool):
+    """Trainer's compute_metrics: the task's GLUE metrics; accuracy (or correlations) for custom data."""
+    metric_task = task.name if task else ("stsb" if regression else "sst2")
+
+    def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
+        return glue_metrics(
+            metric_task, logits_to_predictions(prediction.predictions, regression), prediction.label_ids
+        )
+
+    return compute_metrics
+
+
+def write_predictions(path: Path, ids, predictions, label_names: tuple[str, ...] | None) -> None:
+    """GLUE submission format: a header `index\\tprediction`, then one line per test example."""
+    lines = ["index\tprediction"]
+    for idx, value in zip(ids, predictions):
+        shown = f"{float(value):.3f}" if label_names is None else label_names[int(value)]
+        lines.append(f"{idx}\t{shown}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def check_splits(training_args: TrainingArguments, tables: dict) -> None:
+    """Each requested stage needs its data."""
+    needs = {"do_train": "train", "do_eval": "validation", "do_predict": "test"}
+    for flag, prefix in needs.items():
+        if getattr(training_args, flag) and not any(split.startswith(prefix) for split in tables):
+            raise DataError(f"--{flag} needs a {prefix} split (have: {', '.join(tables) or 'none'})")
+
+
+@exit_on_data_error
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Run the script with `argv` (default: sys.argv[1:]); returns every metric it reported."""
+    model_args, data_args, run_args, training_args = parse_arguments(
+        (ModelArguments, DataTrainingArguments, RunArguments, TrainingArguments), argv
+    )
+    setup_logging(training_args)
+    checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
+    set_seed(training_args.seed)
+
+    task, tables = load_tables(data_args, run_args.skip_bad_examples, model_args.cache_dir)
+    check_splits(training_args, tables)
+    label_names = next(iter(tables.values())).label_names
+    regression = label_names is None
+
+    config = set_labels(load_config(model_args), label_names, task, model_args)
+    tokenizer = load_tokenizer(model_args)
+    model = load_model(model_args, config, AutoModelForSequenceClassification)
+
+    train_dataset = None
+    if training_args.do_train:
+        train_dataset = tokenize(limit(tables["train"], data_args.max_train_samples), tokenizer, data_args, True)
+    eval_splits = splits_for(task, tables, "validation") if training_args.do_eval else []
+    eval_datasets = {
+        split: tokenize(limit(tables[split], data_args.max_eval_samples), tokenizer, data_args, False)
+        for split in eval_splits
+    }
+
+    count_tokens(training_args)
+    training_args.remove_unused_columns = False  # ModelInputsCollator keeps what the model takes (and logs ids)
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_datasets.get(eval_splits[0]) if eval_splits else None,
+        processing_class=tokenizer,
+        data_collator=ModelInputsCollator(tokenizer, model, pad_to_multiple_of=8 if training_args.fp16 else None),
+        compute_metrics=make_compute_metrics(task, regression),
+        callbacks=[ThroughputCallback(), SampleLogCallback()],
+    )
+
+    results: dict[str, float] = {}
+    if training_args.do_train:
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()  # the model and the tokenizer
+        metrics = {**train_result.metrics, "train_samples": len(train_dataset)}
+        report_metrics(trainer, "train", metrics)
+        trainer.save_state()
+        results.update(metrics)
+
+    if eval_splits:
+        metrics = {}
+        for split, dataset in eval_datasets.items():
+            prefix = "eval_mm" if split.endswith("mismatched") else "eval"
+            metrics.update(trainer.evaluate(eval_dataset=dataset, metric_key_prefix=prefix))
+            metrics[f"{prefix}_samples"] = len(dataset)
+        report_metrics(trainer, "eval", metrics)
+        results.update(metrics)
+
+    if training_args.do_predict:
+        for split in splits_for(task, tables, "test"):
+            table = limit(tables[split], data_args.max_predict_samples)
+            dataset = tokenize(table, tokenizer, data_args, False)
+            if "label" in dataset.column_names:
+                dataset = dataset.remove_columns("label")  # predict only: the submission has no labels
+            output = trainer.predict(dataset, metric_key_prefix="predict")
+            predictions = logits_to_predictions(output.predictions, regression)
+            if trainer.is_world_process_zero():
+                name = submission_name(task, split) if task else "predictions" + split.removeprefix("test")
+                path = Path(training_args.output_dir) / f"{name}.tsv"
+                write_predictions(path, [example.idx for example in table.examples], predictions, label_names)
+                logger.info("wrote %s", path)
+
+    if training_args.push_to_hub and trainer.is_world_process_zero():
+        card = {"finetuned_from": model_args.model_name_or_path, "tasks": "text-classification"}
+        if task is not None:
+            card.update(language="en", dataset_tags="glue", dataset_args=task.name, dataset=f"GLUE {task.name.upper()}")
+        trainer.push_to_hub(**card)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Fixtures of the fine-tuning tests: the real GLUE files under ../shared/data, and a tiny model built from scratch."""
+
+from pathlib import Path
+
+import pytest
+
+import posformers
+
+SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+GLUE_DIR = SHARED_DATA / "glue"
+# The real bert-base-uncased vocabulary shipped for the demo (models/demo_data/tokenizer).
+TOKENIZER_DIR = Path(posformers.__file__).resolve().parent / "demo_data" / "tokenizer"
+
+# A RoFormer small enough to train in a second on a CPU.
+TINY_ROFORMER = ",".join(
+    [
+        "hidden_size=32",
+        "num_hidden_layers=1",
+        "num_attention_heads=2",
+        "intermediate_size=64",
+        "max_position_embeddings=128",
+    ]
+)
+
+
+def tiny_model_args(model_type: str = "posformers-roformer", overrides: str = TINY_ROFORMER) -> list[str]:
+    """Arguments that make run_glue / run_qa build a tiny model from scratch with the real uncased vocabulary."""
+    return ["--model_type", model_type, "--config_overrides", overrides, "--tokenizer_name", str(TOKENIZER_DIR)]
+
+
+# Quiet, quick Trainer settings shared by the test runs.
+QUIET = ["--report_to", "none", "--disable_tqdm", "True", "--save_strategy", "no", "--log_level", "error"]
+
+
+@pytest.fixture(scope="session")
+def glue_dir() -> Path:
+    assert GLUE_DIR.is_dir(), f"the real GLUE files are expected at {GLUE_DIR} (shared/ beside the checkout)"
+    return GLUE_DIR
