@@ -241,7 +241,9 @@ class TFSource:
     def __init__(self, source: Path, overrides: dict):
         prefix = find_tf_prefix(source)
         folder = prefix.parent
-        self.description = f"the RoFormer TensorFlow checkpoint `{prefix.name}` (ZhuiyiTechnology/bert4keras format)"
+        self.description = (
+            f"the RoFormer TensorFlow checkpoint `{folder.name}/{prefix.name}` (ZhuiyiTechnology/bert4keras format)"
+        )
         self.hub_name = None
         self.vocab_file = folder / "vocab.txt" if (folder / "vocab.txt").is_file() else None
         self.notes: list[str] = []
@@ -251,7 +253,7 @@ class TFSource:
         self.model_class = _model_class("RoFormerForMaskedLM" if "cls/predictions/output_bias" in variables else None)
         self.state_dict, report = tf_key_map().apply(variables)
         log(report.summary())
-        self.notes += [f"dropped `{key}`: {reason}" for key, reason in report.dropped if "optimizer" not in reason]
+        self.notes += [line.strip() for line in report.summary().splitlines()[1:]]
 
     def _config_fields(self, folder: Path, variables: dict, overrides: dict) -> dict:
         config_file = folder / "bert_config.json"
@@ -362,6 +364,7 @@ class HFSource:
         check_tied_and_positions(tensors, self.config)
         self.state_dict, report = hf_key_map(self.config).apply(tensors)
         log(report.summary())
+        self.notes += [line.strip() for line in report.summary().splitlines()[1:]]
 
     def _check_kind(self, raw: dict, config_file: Path) -> None:
         if raw.get("model_type") != "roformer":

@@ -59,7 +59,7 @@ def test_load_tensors_refuses_a_pickle_that_runs_code(workdir):
     marker = workdir / "pwned"
     file = workdir / "pytorch_model.bin"
     with open(file, "wb") as handle:
-        pickle.dump({"weight": _TouchOnUnpickle(marker)}, handle)
+        pickle.dump({"weight": _TouchOnUnpickle(marker)}, handle, protocol=2)  # the protocol torch.save uses
     with pytest.raises(ConversionError, match="refused to load") as error:
         load_tensors(file)
     assert "safetensors" in str(error.value)  # says what to do instead
