@@ -16,9 +16,8 @@ import torch
 import transformers
 
 import posformers
-from posformers.conversion import cli
 
-from .conftest import VOCAB_DIR, check_overwrite_behaviour, load_with_remote_code
+from .conftest import VOCAB_DIR, check_overwrite_behaviour, load_with_remote_code, run_in_process
 
 VERIFY_TOLERANCE = 1e-5
 CHAR_VOCAB = VOCAB_DIR / "bert-base-chinese" / "vocab.txt"
@@ -70,12 +69,11 @@ def assert_verified(result, expected_outputs) -> None:
 
 
 def cli_failure(capsys, *args) -> str:
-    """Run the command in-process, expect exit status 1, return what it printed to stderr."""
+    """Run the command in-process, expect exit status 1 with an error line and no traceback; return its output."""
     capsys.readouterr()  # drop what earlier steps printed
-    assert cli.main([str(arg) for arg in args]) == 1
-    error = capsys.readouterr().err
-    assert error.startswith("error: ") and "Traceback" not in error
-    return error
+    code, printed = run_in_process(capsys, *args)
+    assert code == 1 and "\nerror: " in f"\n{printed}" and "Traceback" not in printed, printed
+    return printed
 
 
 # ---------------------------------------------------------------------------------------------------------------------
