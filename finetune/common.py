@@ -34,7 +34,8 @@ Errors: every problem with the user's input is a `ScriptError`: `OutputDirError`
 "train.tsv, line 12, column 'label': message". Where a bad example may be skipped (`--skip_bad_examples`), loaders
 hand each error to `BadExamples.add`, which raises it unless skipping is on, and `BadExamples.summary()` says how
 many were skipped. Scripts wrap `main` with `exit_on_data_error`, so a user sees one clean line and exit status 1
-before any training starts.
+before any training starts; the wrapper also returns main's metrics to in-process callers (`main([...])`) and None
+to the command line.
 """
 
 from __future__ import annotations
@@ -112,16 +113,20 @@ class ArgumentError(ScriptError):
 
 
 def exit_on_data_error(main: Callable) -> Callable:
-    """Wrap a script's `main` so that a ScriptError (DataError, OutputDirError, ArgumentError) ends it with one line
-    on stderr and exit status 1."""
+    """Wrap a script's `main(argv=None)` so that a ScriptError (DataError, OutputDirError, ArgumentError) ends it with
+    one line on stderr and exit status 1, and what main returns (its metrics) reaches in-process callers that pass
+    argv, while the command line (argv None) gets None, i.e. exit status 0."""
 
     @functools.wraps(main)
-    def wrapper(*args, **kwargs):
+    def wrapper(argv: list[str] | None = None):
         try:
-            return main(*args, **kwargs)
+            result = main(argv)
         except ScriptError as error:
             kind = {DataError: "data", OutputDirError: "output_dir", ArgumentError: "arguments"}.get(type(error), "")
             raise SystemExit(f"error ({kind}): {error}" if kind else f"error: {error}") from error
+        # A console script runs `sys.exit(main())`, which reports any returned object but None as a failure: the
+        # metrics go back only to callers that passed argv in-process.
+        return None if argv is None else result
 
     return wrapper
 
