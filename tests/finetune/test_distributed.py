@@ -1,0 +1,144 @@
+"""posformers-glue under `torchrun --nproc_per_node 2` on CPU (gloo): it completes, the two processes train on
+different examples, and the saved model is the one the processes ended training with.
+
+How the test sees inside the processes: with POSFORMERS_SAMPLE_LOG=<folder> set, finetune/common.py's
+ModelInputsCollator appends the example ids (`idx`) of each training batch it builds to <folder>/rank<R>.txt, and
+SampleLogCallback writes <folder>/rank<R>-final.json (global step and a SHA-256 of the weights) when training ends.
+Only the training set keeps its `idx` column, so the log holds exactly the examples each process trained on.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import QUIET, tiny_model_args
+from transformers import AutoModelForSequenceClassification
+from transformers.trainer_pt_utils import get_module_class_from_name
+
+import posformers
+from posformers.finetune import run_glue
+from posformers.finetune.common import SAMPLE_LOG_ENV, weights_digest
+
+EXAMPLES, PER_DEVICE_BATCH, PROCESSES = 64, 4, 2
+STEPS = EXAMPLES // (PER_DEVICE_BATCH * PROCESSES)  # exactly one epoch
+
+
+def console_script(name: str) -> str:
+    """The installed console script (beside the venv's python), as users run it."""
+    path = Path(sys.executable).parent / name
+    found = path if path.exists() else shutil.which(name)
+    assert found, f"console script {name} is not installed (pip install -e .)"
+    return str(found)
+
+
+@pytest.fixture(scope="module")
+def torchrun_run(tmp_path_factory, glue_dir):
+    work = tmp_path_factory.mktemp("torchrun")
+    log_dir = work / "sample-log"
+    log_dir.mkdir()
+    args = [
+        *tiny_model_args(),
+        *QUIET,
+        "--output_dir", str(work / "out"),
+        "--task_name", "sst2",
+        "--train_file", str(glue_dir / "sst2" / "dev.tsv"),
+        "--validation_file", str(glue_dir / "sst2" / "dev.tsv"),
+        "--max_train_samples", str(EXAMPLES),
+        "--max_eval_samples", "48",
+        "--do_train", "--do_eval",
+        "--per_device_train_batch_size", str(PER_DEVICE_BATCH),
+        "--per_device_eval_batch_size", "8",
+        "--max_steps", str(STEPS),
+        "--learning_rate", "1e-3",
+        "--max_seq_length", "48",
+        "--ddp_backend", "gloo",
+        "--use_cpu",
+    ]  # fmt: skip
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))
+    }
+    env.update({SAMPLE_LOG_ENV: str(log_dir), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(PROCESSES),
+        console_script("posformers-glue"), *args,
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, cwd=work, capture_output=True, text=True, timeout=600)
+    return {"result": result, "work": work, "log_dir": log_dir, "args": args}
+
+
+def test_torchrun_completes(torchrun_run):
+    result = torchrun_run["result"]
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-8000:]}"
+    assert (torchrun_run["work"] / "out" / "model.safetensors").exists()
+    train = json.loads((torchrun_run["work"] / "out" / "train_results.json").read_text())
+    assert train["train_samples"] == EXAMPLES
+
+
+def read_ids(path: Path) -> list[int]:
+    return [int(token) for line in path.read_text().splitlines() for token in line.split()]
+
+
+def test_the_two_processes_trained_on_different_examples(torchrun_run):
+    log_dir = torchrun_run["log_dir"]
+    ids = {rank: read_ids(log_dir / f"rank{rank}.txt") for rank in range(PROCESSES)}
+    for rank in range(PROCESSES):
+        assert len(ids[rank]) == STEPS * PER_DEVICE_BATCH, rank
+        assert len(set(ids[rank])) == len(ids[rank]), f"rank {rank} saw an example twice in one epoch"
+    assert not set(ids[0]) & set(ids[1]), "both processes trained on the same examples"
+    assert set(ids[0]) | set(ids[1]) == set(range(EXAMPLES)), "together they did not cover the epoch"
+
+
+def test_saved_model_is_what_the_processes_ended_with(torchrun_run):
+    log_dir, out = torchrun_run["log_dir"], torchrun_run["work"] / "out"
+    finals = [json.loads((log_dir / f"rank{rank}-final.json").read_text()) for rank in range(PROCESSES)]
+    assert [final["global_step"] for final in finals] == [STEPS] * PROCESSES
+    assert finals[0]["weights_sha256"] == finals[1]["weights_sha256"], "DDP replicas diverged"
+    saved = AutoModelForSequenceClassification.from_pretrained(out)
+    assert weights_digest(saved) == finals[0]["weights_sha256"]
+
+
+def test_rank0_metrics_are_those_of_the_saved_model(torchrun_run, tmp_path):
+    out = torchrun_run["work"] / "out"
+    reported = json.loads((out / "eval_results.json").read_text())
+    args = torchrun_run["args"]
+    data = args[args.index("--validation_file") : args.index("--validation_file") + 2]
+    evaluation = [
+        "--do_eval",
+        "--max_eval_samples",
+        "48",
+        "--max_seq_length",
+        "48",
+        "--per_device_eval_batch_size",
+        "8",
+    ]
+    model = ["--model_name_or_path", str(out), *QUIET, "--output_dir", str(tmp_path / "eval"), "--task_name", "sst2"]
+    again = run_glue.main([*model, *data, *evaluation])
+    assert again["eval_samples"] == reported["eval_samples"] == 48
+    assert again["eval_accuracy"] == reported["eval_accuracy"]
+    assert again["eval_loss"] == pytest.approx(reported["eval_loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("model_class", "config"),
+    [
+        ("RoFormerForSequenceClassification", {}),
+        ("DebertaForSequenceClassification", {"position_buckets": 32, "max_position_embeddings": 128}),
+        ("LittleBirdForSequenceClassification", {"block_size": 8, "pack_length": 4}),
+    ],
+)
+def test_no_split_modules_name_the_layer_class_fsdp_wraps(model_class, config):
+    """FSDP's transformer auto-wrap (Trainer: fsdp_config transformer_layer_cls_to_wrap, default _no_split_modules)
+    looks each name up among the model's modules; every name must be found and cover all encoder layers."""
+    model_class = getattr(posformers, model_class)
+    sizes = {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2}
+    model = model_class(model_class.config_class(**sizes, intermediate_size=64, **config))
+    for name in model._no_split_modules:
+        layer_class = get_module_class_from_name(model, name)
+        assert layer_class is not None, name
+        assert sum(isinstance(module, layer_class) for module in model.modules()) == 3
