@@ -547,6 +547,8 @@ class RoFormerPreTrainedModel(PreTrainedModel):
     base_model_prefix = "roformer"
     supports_gradient_checkpointing = True
     _no_split_modules = ["RoFormerLayer"]
+    # With device_map="auto", accelerate's hooks must hand the KV cache object to each layer as it is, not move it.
+    _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
