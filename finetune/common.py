@@ -392,7 +392,8 @@ class ThroughputCallback(TrainerCallback):
     """Adds speed and the time left to every training log line (and so to the progress bar's printout).
 
     Keys: `samples_per_second` and `tokens_per_second` (since this session began; tokens need Trainer's
-    `include_num_input_tokens_seen`), `eta_seconds` and `eta` ("h:mm:ss") for the remaining steps at that pace.
+    `include_num_input_tokens_seen`, and Trainer versions that log `train_tokens_per_second` themselves keep theirs),
+    `eta_seconds` and `eta` ("h:mm:ss") for the remaining steps at that pace.
     Speeds count all processes: samples are steps x per-device batch x accumulation x world size.
     """
 
@@ -416,7 +417,7 @@ class ThroughputCallback(TrainerCallback):
         samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
         logs["samples_per_second"] = round(steps * samples_per_step / elapsed, 3)
         tokens = (state.num_input_tokens_seen or 0) - self._start_tokens
-        if tokens > 0:
+        if tokens > 0 and "train_tokens_per_second" not in logs:  # Trainer's own figure, where it gives one
             logs["tokens_per_second"] = round(tokens / elapsed, 1)
         remaining = max(state.max_steps - state.global_step, 0) * elapsed / steps
         logs["eta_seconds"] = round(remaining, 1)

@@ -2,6 +2,7 @@
 learning, predictions in GLUE's submission format, resuming, the output folder's safety and push_to_hub."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -537,3 +538,16 @@ def test_push_to_hub_uploads_the_fine_tuned_model(tmp_path, glue_dir, hub_server
         hub_server.read_file("user/tiny-sst2", "model.safetensors")
         == (tmp_path / "out" / "model.safetensors").read_bytes()
     )
+
+
+def test_training_logs_show_throughput_and_time_left(tmp_path, glue_dir, capsys):
+    data = ["--task_name", "sst2", "--train_file", str(glue_dir / "sst2" / "dev.tsv"), "--max_train_samples", "32"]
+    glue_main(
+        tmp_path, *data, "--do_train", "--max_steps", "4", "--logging_steps", "2", "--per_device_train_batch_size", "4"
+    )
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{'loss'")]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert re.search(r"'samples_per_second': '[\d.]+'", line), line
+        assert re.search(r"'eta_seconds': '[\d.]+', 'eta': '\d+:\d\d:\d\d'", line), line
+    assert "'eta': '0:00:00'" in lines[-1]  # nothing left after the last step
