@@ -551,3 +551,30 @@ def test_training_logs_show_throughput_and_time_left(tmp_path, glue_dir, capsys)
         assert re.search(r"'samples_per_second': '[\d.]+'", line), line
         assert re.search(r"'eta_seconds': '[\d.]+', 'eta': '\d+:\d\d:\d\d'", line), line
     assert "'eta': '0:00:00'" in lines[-1]  # nothing left after the last step
+
+
+def test_config_file_and_arguments_file(tmp_path, glue_dir):
+    config = {"model_type": "posformers-roformer", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "intermediate_size": 64}))
+    arguments = {
+        "config_name": str(tmp_path / "config.json"),
+        "tokenizer_name": str(TOKENIZER_DIR),
+        "task_name": "cola",
+        "train_file": str(glue_dir / "cola" / "dev.tsv"),
+        "max_train_samples": 16,
+        "do_train": True,
+        "max_steps": 1,
+        "output_dir": str(tmp_path / "out"),
+        "report_to": "none",
+        "save_strategy": "no",
+    }
+    (tmp_path / "args.json").write_text(json.dumps(arguments))
+    run_glue.main([str(tmp_path / "args.json")])
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (saved["model_type"], saved["hidden_size"], saved["embedding_size"]) == ("posformers-roformer", 32, 32)
+    assert saved["finetuning_task"] == "cola" and saved["id2label"] == {"0": "0", "1": "1"}
+
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    (tmp_path / "args.json").write_text(json.dumps({**arguments, "output_dir": str(tmp_path / "out2")}))
+    with pytest.raises(SystemExit, match=r"config.json: unknown model_type None"):
+        run_glue.main([str(tmp_path / "args.json")])
