@@ -100,6 +100,18 @@ class RelativePositions:
     num_rows: int
     table_key: tuple | None = None  # set by the encoder when position projections may be cached
     workspace: dict | None = None  # inference only: buffers the layers reuse instead of allocating their own
+    _p2c_flat_index: torch.Tensor | None = None
+
+    @property
+    def p2c_flat_index(self) -> torch.Tensor:
+        """(L, L) long, `r(i, j) * L + j`: where p2c[i, j] sits in one head's flattened (R x L) p2c table, built once
+        per forward. A gather along the last dimension of the flattened table is 3-4x faster on CPU than the gather
+        along rows it replaces."""
+        if self._p2c_flat_index is None:
+            length = self.p2c_index.shape[-1]
+            keys = torch.arange(length, device=self.p2c_index.device)
+            self._p2c_flat_index = self.p2c_index * length + keys
+        return self._p2c_flat_index
 
 
 def relative_positions(length: int, config: DebertaConfig, device: torch.device) -> RelativePositions:
@@ -160,7 +172,15 @@ def gather_position_bias(
     if c2p_table is not None:
         bias = torch.gather(c2p_table, -1, positions.c2p_index.expand(shape), out=out)
     if p2c_table is not None:
-        p2c = torch.gather(p2c_table, -2, positions.p2c_index.expand(shape), out=out if bias is None else scratch)
+        target = out if bias is None else scratch
+        if p2c_table.requires_grad:
+            p2c = torch.gather(p2c_table, -2, positions.p2c_index.expand(shape), out=target)
+        else:
+            # Every query row reads the whole flattened (R x L) table of its head: an expanded (stride 0) view, which
+            # gather accepts as input but could not take a gradient into.
+            rows = p2c_table.shape[-2]
+            flat_table = p2c_table.reshape(batch, heads, 1, rows * length).expand(batch, heads, length, rows * length)
+            p2c = torch.gather(flat_table, -1, positions.p2c_flat_index.expand(shape), out=target)
         bias = p2c if bias is None else bias.add_(p2c)
     return bias
 
