@@ -170,6 +170,23 @@ def is_classification_checkpoint(config) -> bool:
     return any(name.endswith("ForSequenceClassification") for name in (getattr(config, "architectures", None) or []))
 
 
+def align_with_checkpoint(config, tables: dict, label_names: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """A checkpoint fine-tuned on the same label names in another order keeps its order: the data's label ids are
+    renumbered to the model's (e.g. an MNLI model trained with contradiction=0), so its head stays meaningful."""
+    if label_names is None or not is_classification_checkpoint(config):
+        return label_names
+    model_names = tuple(str(config.id2label[i]) for i in range(config.num_labels))
+    if model_names == label_names or sorted(model_names) != sorted(label_names):
+        return label_names
+    new_id = [model_names.index(name) for name in label_names]
+    for table in tables.values():
+        table.label_names = model_names
+        if table.labels is not None:
+            table.labels = [new_id[label] for label in table.labels]
+    logger.info("using the checkpoint's label order %s", ", ".join(model_names))
+    return model_names
+
+
 def set_labels(config, label_names: tuple[str, ...] | None, task: GlueTask | None, model_args: ModelArguments):
     """Give the config the data's labels; refuse a fine-tuned head that has another number of labels."""
     num_labels = 1 if label_names is None else len(label_names)
@@ -204,14 +221,23 @@ def logits_to_predictions(logits, regression: bool) -> np.ndarray:
     return np.squeeze(logits, axis=-1) if regression else np.argmax(logits, axis=-1)
 
 
-def make_compute_metrics(task: GlueTask | None, regression: bool):
-    """Trainer's compute_metrics: the task's GLUE metrics; accuracy (or correlations) for custom data."""
+def make_compute_metrics(task: GlueTask | None, label_names: tuple[str, ...] | None):
+    """Trainer's compute_metrics: the task's GLUE metrics; accuracy (or correlations) for custom data.
+
+    Ids are mapped back to the task's own label order first (they differ for a checkpoint that kept its order, see
+    align_with_checkpoint), so that F1 is always that of GLUE's positive class.
+    """
+    regression = label_names is None
     metric_task = task.name if task else ("stsb" if regression else "sst2")
+    to_task_id = None
+    if task is not None and not regression:
+        to_task_id = np.array([task.label_names.index(name) for name in label_names])
 
     def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
-        return glue_metrics(
-            metric_task, logits_to_predictions(prediction.predictions, regression), prediction.label_ids
-        )
+        predictions, labels = logits_to_predictions(prediction.predictions, regression), prediction.label_ids
+        if to_task_id is not None:
+            predictions, labels = to_task_id[predictions], to_task_id[labels]
+        return glue_metrics(metric_task, predictions, labels)
 
     return compute_metrics
 
@@ -253,7 +279,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     label_names = next(iter(tables.values())).label_names
     regression = label_names is None
 
-    config = set_labels(load_config(model_args), label_names, task, model_args)
+    config = load_config(model_args)
+    label_names = align_with_checkpoint(config, tables, label_names)
+    config = set_labels(config, label_names, task, model_args)
     tokenizer = load_tokenizer(model_args)
     model = load_model(model_args, config, AutoModelForSequenceClassification)
 
@@ -275,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         eval_dataset=eval_datasets.get(eval_splits[0]) if eval_splits else None,
         processing_class=tokenizer,
         data_collator=ModelInputsCollator(tokenizer, model, pad_to_multiple_of=8 if training_args.fp16 else None),
-        compute_metrics=make_compute_metrics(task, regression),
+        compute_metrics=make_compute_metrics(task, label_names),
         callbacks=[ThroughputCallback(), SampleLogCallback()],
     )
 

@@ -6,12 +6,13 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers import python_env, run_python
 from safetensors.torch import load_file
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, EvalPrediction
 
 import posformers
 from posformers.finetune import run_glue
@@ -578,3 +579,24 @@ def test_config_file_and_arguments_file(tmp_path, glue_dir):
     (tmp_path / "args.json").write_text(json.dumps({**arguments, "output_dir": str(tmp_path / "out2")}))
     with pytest.raises(SystemExit, match=r"config.json: unknown model_type None"):
         run_glue.main([str(tmp_path / "args.json")])
+
+
+def test_a_checkpoint_keeps_its_label_order(tmp_path):
+    """An RTE model saved with not_entailment=0 evaluates and predicts in its own order, scored in GLUE's."""
+    config = posformers.RoFormerConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    config.id2label, config.label2id = {0: "not_entailment", 1: "entailment"}, {"not_entailment": 0, "entailment": 1}
+    model = posformers.RoFormerForSequenceClassification(config)
+    model.save_pretrained(tmp_path / "rte-model")
+    tables = tables_of(task_name="rte", data_dir=str(write_glue_task(tmp_path, "rte")))
+    assert run_glue.align_with_checkpoint(model.config, tables, GLUE_TASKS["rte"].label_names) == (
+        "not_entailment",
+        "entailment",
+    )
+    assert tables["train"].labels == [1, 0] and tables["validation"].labels == [0, 1]  # were [0, 1] and [1, 0]
+
+    compute = run_glue.make_compute_metrics(GLUE_TASKS["rte"], ("not_entailment", "entailment"))
+    logits = np.array([[2.0, 0.0], [0.0, 2.0], [0.0, 2.0]])  # predicts not_entailment, entailment, entailment
+    labels = np.array([0, 1, 0])  # not_entailment, entailment, not_entailment
+    assert compute(EvalPrediction(predictions=logits, label_ids=labels)) == {"accuracy": pytest.approx(2 / 3)}
