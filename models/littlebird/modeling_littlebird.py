@@ -146,6 +146,10 @@ class BlockSparseLayout:
         channels, which makes their bias `packed_key_bias`. `bias_coefficients` weighs them into the additive bias.
     mask_value: the most negative finite value of the compute dtype, what masked keys get.
     pack_key_mask: (B, 1, 1, L) additive mask of the pack attention's keys (padding), or None without padding.
+
+    Padding may also sit between real tokens (Padding Insertion, a training recipe of the paper): such keys are
+    masked like any padding, but they keep their positions, so they lengthen BiALiBi distances and move later tokens
+    into later blocks. An example's extent (last real position + 1) then sets its number of real blocks `m`.
     """
 
     block_size: int
@@ -172,7 +176,8 @@ class BlockSparseLayout:
         dtype: torch.dtype,
         device: torch.device,
     ) -> "BlockSparseLayout":
-        """attention_mask: (B, L) with right padding (1 = real token), or None (every token real)."""
+        """attention_mask: (B, L), 1 = real token, a real first token (right padding and inserted padding), or None
+        (every token real)."""
         b, s = block_size, pack_length
         n, pack_blocks = math.ceil(seq_len / b), math.ceil(s / b)
         min_value = torch.finfo(dtype).min
@@ -182,7 +187,7 @@ class BlockSparseLayout:
             pack_key_mask = None
         else:
             attention_mask = attention_mask.to(device=device, dtype=torch.bool)
-            lengths = attention_mask.sum(-1)
+            lengths = real_extent(attention_mask)
             pack_key_mask = torch.zeros(batch_size, 1, 1, seq_len, device=device, dtype=dtype)
             pack_key_mask = pack_key_mask.masked_fill(~attention_mask[:, None, None, :], min_value)
         real_blocks = ((lengths + b - 1) // b).clamp_min(1)
@@ -197,7 +202,10 @@ class BlockSparseLayout:
         distances = torch.cat((pack_distances, window_distances), dim=-1)  # (3, B, n, b, w)
 
         pack_attended = (torch.arange(pack_blocks * b, device=device) < s).expand(batch_size, n, 1, -1)
-        window_attended = key_positions < lengths[:, None, None, None]
+        if attention_mask is None:
+            window_attended = key_positions < lengths[:, None, None, None]
+        else:
+            window_attended = real_keys(attention_mask, key_positions, max(n, WINDOW_BLOCKS) * b)
         masked = ~torch.cat((pack_attended, window_attended), dim=-1).expand(-1, -1, b, -1)  # (B, n, b, w)
         # Masked keys get exactly the mask value: no slope term may push it past the dtype's range.
         bias_features = torch.cat((distances.masked_fill(masked, 0), masked[None].to(bias_dtype)))  # (4, B, n, b, w)
@@ -216,6 +224,20 @@ class BlockSparseLayout:
             mask_value=min_value,
             pack_key_mask=pack_key_mask,
         )
+
+
+def real_extent(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool -> (B,) the last real position + 1 (0 for a row of padding): the length with right padding, and the
+    span the real tokens cover when padding was inserted between them."""
+    positions = torch.arange(1, attention_mask.shape[-1] + 1, device=attention_mask.device)
+    return (positions * attention_mask).amax(-1)
+
+
+def real_keys(attention_mask: torch.Tensor, key_positions: torch.Tensor, padded_length: int) -> torch.Tensor:
+    """Whether each window key is a real token. attention_mask: (B, L) bool; key_positions: (B, n, 1, 4b), which may
+    point past L (blocks a short sequence lacks, up to `padded_length`) -> (B, n, 1, 4b) bool."""
+    padded = F.pad(attention_mask, (0, padded_length - attention_mask.shape[-1]))
+    return padded.gather(1, key_positions.flatten(1)).view(key_positions.shape)
 
 
 def bias_coefficients(alpha, beta, gamma, layout: BlockSparseLayout) -> torch.Tensor:
@@ -634,11 +656,12 @@ def _check_inputs(config: LittleBirdConfig, input_ids, inputs_embeds, attention_
         return
     if attention_mask is not None:
         real = attention_mask.bool()
-        if (real[:, 1:] & ~real[:, :-1]).any():
-            # Positions and blocks count from the first token: left padding would move every real token.
+        if (~real[:, 0] & real.any(-1)).any():
+            # Positions and blocks count from the first token: left padding would move every real token. Padding
+            # between real tokens after a real first one is Padding Insertion, which moves them on purpose.
             raise ValueError(
                 "LittleBird needs right-padded input (real tokens first, then padding): the attention_mask has a "
-                "real token after a padded one. Pad on the right (tokenizer.padding_side = 'right')."
+                "padded first token before real ones. Pad on the right (tokenizer.padding_side = 'right')."
             )
     for name, tensor, size in (
         ("input_ids", input_ids, config.vocab_size),
