@@ -600,3 +600,22 @@ def test_a_checkpoint_keeps_its_label_order(tmp_path):
     logits = np.array([[2.0, 0.0], [0.0, 2.0], [0.0, 2.0]])  # predicts not_entailment, entailment, entailment
     labels = np.array([0, 1, 0])  # not_entailment, entailment, not_entailment
     assert compute(EvalPrediction(predictions=logits, label_ids=labels)) == {"accuracy": pytest.approx(2 / 3)}
+
+
+def test_dataset_name_reads_a_datasets_folder_like_the_hub_layout(tmp_path):
+    """--dataset_name goes through datasets.load_dataset (here a local folder, the Hub layout of nyu-mll/glue sst2:
+    sentence, label, idx; the test split's labels are -1)."""
+    folder = tmp_path / "sst2-hub-layout"
+    folder.mkdir()
+    rows = {
+        "train": [("a fine film", 1, 0), ("dull", 0, 1)],
+        "validation": [("great", 1, 0)],
+        "test": [("so so", -1, 0), ("wow", -1, 1)],
+    }
+    for split, examples in rows.items():
+        lines = [json.dumps({"sentence": s, "label": label, "idx": idx}) for s, label, idx in examples]
+        (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    tables = tables_of(task_name="sst2", dataset_name=str(folder))
+    assert rows_of(tables["train"]) == [(("a fine film",), 1, 0), (("dull",), 0, 1)]
+    assert rows_of(tables["validation"]) == [(("great",), 1, 0)]
+    assert rows_of(tables["test"]) == [(("so so",), None, 0), (("wow",), None, 1)]
