@@ -1,0 +1,467 @@
+"""The pre-training data pipeline of posformers-pretrain: raw text in, packed and masked batches out.
+
+    corpus = load_corpus(data_args, seed)                      # {"train": ..., "validation": ...} of a "text" column
+    tokenizer = train_tokenizer(corpus["train"], "wordpiece", vocab_size=32000)   # or a tokenizer folder
+    train = pack_corpus(corpus["train"], tokenizer, max_seq_length=128, word_starts=True)
+    collator = MaskingCollator(tokenizer, mlm_probability=0.15, whole_word_masking=True)
+
+Text: plain-text files (one document per line; blank lines are skipped), .csv/.tsv/.json/.jsonl files with a text
+column, or a datasets name. With `streaming` every split is an `IterableDataset`, read lazily: corpora larger than
+memory work, and the held-out split is the first `streaming_validation_lines` documents when no validation file is
+given (otherwise `validation_split_percentage` of the documents, chosen with the seed).
+
+Packing (as BERT's and DeBERTa's pre-training data): documents are tokenized without special tokens, joined with the
+separator token, and cut into chunks of `max_seq_length - 2` tokens, each framed as `[CLS] chunk [SEP]`; nothing is
+padded except the last chunk of each map batch (1000 documents).
+
+Masking: `mlm_probability` of the real tokens (whole words with `whole_word_masking`: a word is a pre-tokenizer word
+of the fast tokenizer, i.e. WordPiece's `##` continuations or SentencePiece's pieces without `▁` stay with their
+word) are selected; of those, `mask_replace_prob` become the mask token, `random_replace_prob` a random token, the
+rest keep their token (BERT's 80/10/10 by default; RTD uses 100% mask, as the official DeBERTa-v3 code). Training
+batches draw from torch's global RNG, which Trainer seeds and restores when resuming; held-out batches are masked
+with a generator seeded from each example's tokens, so every evaluation of a run sees the same masks.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import logging
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from .common import ArgumentError, DataError
+
+logger = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = {".txt": "text", ".text": "text", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
+TOKENIZER_KINDS = ("wordpiece", "unigram")
+PACK_BATCH_SIZE = 1000
+MASK_SEED = "mask_seed"
+
+
+@dataclasses.dataclass
+class PretrainDataArguments:
+    """Where the text comes from, how it is tokenized, packed and masked."""
+
+    train_file: list[str] | None = dataclasses.field(
+        default=None,
+        metadata={"help": "Training text: .txt (one document per line) or .csv/.tsv/.json/.jsonl files (several ok)."},
+    )
+    validation_file: list[str] | None = dataclasses.field(
+        default=None, metadata={"help": "Held-out text, same formats (default: a part of the training text)."}
+    )
+    dataset_name: str | None = dataclasses.field(default=None, metadata={"help": "A datasets name instead of files."})
+    dataset_config_name: str | None = dataclasses.field(default=None, metadata={"help": "Its configuration."})
+    text_column: str = dataclasses.field(
+        default="text", metadata={"help": "Column holding the text in tables and datasets."}
+    )
+    validation_split_percentage: float = dataclasses.field(
+        default=5.0, metadata={"help": "Percent of the documents held out when no validation file is given."}
+    )
+    streaming_validation_lines: int = dataclasses.field(
+        default=1000, metadata={"help": "With --streaming and no validation file: hold out this many first documents."}
+    )
+    streaming: bool = dataclasses.field(
+        default=False, metadata={"help": "Read the corpus lazily (for corpora larger than memory; needs --max_steps)."}
+    )
+    max_seq_length: int = dataclasses.field(default=128, metadata={"help": "Length of the packed sequences."})
+    mlm_probability: float = dataclasses.field(default=0.15, metadata={"help": "Share of tokens selected to predict."})
+    whole_word_masking: bool = dataclasses.field(
+        default=False, metadata={"help": "Select whole words (all their sub-tokens) instead of single tokens."}
+    )
+    train_tokenizer: str | None = dataclasses.field(
+        default=None,
+        metadata={"help": "Train a tokenizer on the training text first.", "choices": [None, *TOKENIZER_KINDS]},
+    )
+    tokenizer_vocab_size: int = dataclasses.field(default=32000, metadata={"help": "Vocabulary size to train."})
+    tokenizer_lowercase: bool = dataclasses.field(default=True, metadata={"help": "Lowercase in the trained one."})
+    max_train_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N documents."})
+    max_eval_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N held-out ones."})
+    preprocessing_num_workers: int | None = dataclasses.field(default=None, metadata={"help": "Tokenizer processes."})
+
+    def __post_init__(self):
+        if not 0 < self.mlm_probability < 1:
+            raise ArgumentError(f"--mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        if self.max_seq_length < 4:
+            raise ArgumentError(f"--max_seq_length must be at least 4, got {self.max_seq_length}")
+        if self.train_tokenizer is not None and self.train_tokenizer not in TOKENIZER_KINDS:
+            raise ArgumentError(f"--train_tokenizer: unknown kind {self.train_tokenizer!r} (use {TOKENIZER_KINDS})")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading text
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _builder(path: Path) -> tuple[str, dict]:
+    """The datasets builder for a file and its options; DataError for a missing file or an unknown format."""
+    if not path.is_file():
+        raise DataError("no such file", path=path)
+    suffix = path.suffix.lower()
+    if suffix not in TEXT_SUFFIXES:
+        raise DataError(f"unknown text format {suffix!r} (use {', '.join(sorted(TEXT_SUFFIXES))})", path=path)
+    options = {}
+    if suffix == ".tsv":  # GLUE-style TSVs carry quotes inside the text: no CSV quoting
+        options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE}
+    return TEXT_SUFFIXES[suffix], options
+
+
+def _check_has_text(path: Path) -> None:
+    """Refuse an empty file early, before any (lazy) loading: one non-blank line is enough."""
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        if not any(line.strip() for line in lines):
+            raise DataError("no text: the file is empty or holds only blank lines", path=path)
+
+
+def _load_files(files: list[str], text_column: str, streaming: bool, cache_dir):
+    """One split from files of the same format -> a Dataset (or IterableDataset) with a "text" column."""
+    paths = [Path(file) for file in files]
+    builders = [_builder(path) for path in paths]
+    for path in paths:
+        _check_has_text(path)
+    if len({(builder, path.suffix.lower()) for (builder, _), path in zip(builders, paths)}) > 1:
+        raise DataError(f"mixed formats in one split: {', '.join(files)}")
+    builder, options = builders[0]
+    split = datasets.load_dataset(
+        builder,
+        data_files=[str(path) for path in paths],
+        split="train",
+        streaming=streaming,
+        cache_dir=cache_dir,
+        **options,
+    )
+    return _select_text(split, "text" if builder == "text" else text_column, files[0])
+
+
+def _select_text(split, column: str, source: str):
+    """Keep only the text column, renamed "text", without blank documents."""
+    names = split.column_names
+    if names is not None and column not in names:
+        raise DataError(
+            f"no text column (have: {', '.join(names)}); name it with --text_column", path=source, column=column
+        )
+    if column != "text":
+        split = split.rename_column(column, "text")
+    drop = [name for name in (names or []) if name not in (column, "text")]
+    if drop:
+        split = split.remove_columns(drop)
+    return split.filter(lambda batch: [bool(text and text.strip()) for text in batch["text"]], batched=True)
+
+
+def _hold_out(train, data_args: PretrainDataArguments, seed: int) -> dict:
+    """Split a held-out part off the training documents (the first ones when streaming)."""
+    if data_args.streaming:
+        count = data_args.streaming_validation_lines
+        return {"train": train.skip(count), "validation": train.take(count)}
+    fraction = data_args.validation_split_percentage / 100
+    if not 0 < fraction < 1 or len(train) < 2:
+        raise DataError(
+            "cannot hold out a validation part: give --validation_file or a larger corpus "
+            f"(have {len(train)} document(s), --validation_split_percentage "
+            f"{data_args.validation_split_percentage})"
+        )
+    parts = train.train_test_split(test_size=fraction, seed=seed, shuffle=True)
+    return {"train": parts["train"], "validation": parts["test"]}
+
+
+def _first(split, count: int | None):
+    if count is None:
+        return split
+    return (
+        split.take(count)
+        if isinstance(split, datasets.IterableDataset)
+        else split.select(range(min(count, len(split))))
+    )
+
+
+def load_corpus(data_args: PretrainDataArguments, seed: int, cache_dir=None, need_validation: bool = True) -> dict:
+    """{"train": ..., "validation": ...}: Datasets (IterableDatasets when streaming) with one "text" column."""
+    if data_args.train_file:
+        corpus = {"train": _load_files(data_args.train_file, data_args.text_column, data_args.streaming, cache_dir)}
+        if data_args.validation_file:
+            corpus["validation"] = _load_files(
+                data_args.validation_file, data_args.text_column, data_args.streaming, cache_dir
+            )
+    elif data_args.dataset_name:
+        loaded = datasets.load_dataset(
+            data_args.dataset_name, data_args.dataset_config_name, streaming=data_args.streaming, cache_dir=cache_dir
+        )
+        if "train" not in loaded:
+            raise DataError(f"{data_args.dataset_name} has no train split (have: {', '.join(loaded)})")
+        corpus = {
+            split: _select_text(loaded[split], data_args.text_column, data_args.dataset_name)
+            for split in ("train", "validation")
+            if split in loaded
+        }
+    else:
+        raise DataError("no text: give --train_file or --dataset_name")
+    if not data_args.streaming and len(corpus["train"]) == 0:
+        raise DataError(
+            "no text: the training corpus has no non-blank document",
+            path=", ".join(data_args.train_file or [data_args.dataset_name]),
+        )
+    if need_validation and "validation" not in corpus:
+        corpus = _hold_out(corpus["train"], data_args, seed)
+    corpus["train"] = _first(corpus["train"], data_args.max_train_samples)
+    if "validation" in corpus:
+        corpus["validation"] = _first(corpus["validation"], data_args.max_eval_samples)
+    return corpus
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training a tokenizer
+# ---------------------------------------------------------------------------------------------------------------------
+
+SPECIAL_TOKENS = {
+    "pad_token": "[PAD]",
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "mask_token": "[MASK]",
+}
+
+
+def _texts(split, batch_size: int = 1000) -> Iterator[list[str]]:
+    batch = []
+    for example in split:
+        batch.append(example["text"])
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _tokenizer_model(kind: str, vocab_size: int, lowercase: bool) -> tuple[Tokenizer, trainers.Trainer]:
+    """An untrained tokenizers pipeline of `kind` and its trainer (special tokens first, [PAD] = id 0)."""
+    special = list(SPECIAL_TOKENS.values())
+    if kind == "wordpiece":  # BERT's pipeline
+        tokenizer = Tokenizer(models.WordPiece(unk_token=SPECIAL_TOKENS["unk_token"]))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special)
+    else:  # SentencePiece's Unigram, as DeBERTa-v3's spm.model: words keep their leading "▁"
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.normalizer = normalizers.Sequence(
+            [normalizers.NFKC()] + ([normalizers.Lowercase()] if lowercase else [])
+        )
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(
+            vocab_size=vocab_size, special_tokens=special, unk_token=SPECIAL_TOKENS["unk_token"]
+        )
+    return tokenizer, trainer
+
+
+def train_tokenizer(split, kind: str, vocab_size: int, lowercase: bool = True) -> PreTrainedTokenizerFast:
+    """Train a `kind` ("wordpiece" or "unigram") tokenizer on the "text" column of `split`."""
+    tokenizer, trainer = _tokenizer_model(kind, vocab_size, lowercase)
+    tokenizer.train_from_iterator(_texts(split), trainer=trainer)
+    cls, sep = SPECIAL_TOKENS["cls_token"], SPECIAL_TOKENS["sep_token"]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, tokenizer.token_to_id(cls)), (sep, tokenizer.token_to_id(sep))],
+    )
+    logger.info("trained a %s tokenizer with %d tokens", kind, tokenizer.get_vocab_size())
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Packing
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def frame_tokens(tokenizer) -> tuple[int, int]:
+    """(start, separator) ids that frame a packed sequence: [CLS]/[SEP], or <s>/</s> for RoBERTa-style vocabularies."""
+    start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    if start is None or sep is None:
+        raise ArgumentError("the tokenizer has no [CLS]/<s> and [SEP]/</s> tokens to frame packed sequences")
+    return start, sep
+
+
+def _word_starts(encoding, length: int) -> list[int]:
+    """1 where a token begins a word (a new pre-tokenizer word), 0 where it continues the previous one."""
+    words = encoding.word_ids if encoding is not None else None
+    if words is None:
+        return [1] * length
+    return [int(i == 0 or words[i] is None or words[i] != words[i - 1]) for i in range(length)]
+
+
+def pack_batch(texts: list[str], tokenizer, max_seq_length: int, word_starts: bool) -> dict[str, list[list[int]]]:
+    """Documents -> chunks `[CLS] tokens [SEP]` of at most `max_seq_length` ids (documents joined by [SEP]).
+
+    Returns {"input_ids": [[...], ...]} and, with `word_starts`, a parallel "word_starts" column of 0/1 flags.
+    """
+    start, sep = frame_tokens(tokenizer)
+    encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
+    stream, starts = [], []
+    for index, ids in enumerate(encoded["input_ids"]):
+        if not ids:
+            continue
+        if stream:
+            stream.append(sep)
+            starts.append(1)
+        stream.extend(ids)
+        if word_starts:
+            starts.extend(_word_starts(encoded.encodings[index] if encoded.encodings else None, len(ids)))
+    size = max_seq_length - 2
+    chunks = {"input_ids": [[start, *stream[i : i + size], sep] for i in range(0, len(stream), size)]}
+    if word_starts:
+        chunks["word_starts"] = [[1, *starts[i : i + size], 1] for i in range(0, len(stream), size)]
+    return chunks
+
+
+def pack_corpus(split, tokenizer, max_seq_length: int, word_starts: bool = False, num_proc: int | None = None):
+    """A "text" split -> packed sequences (columns input_ids and, with `word_starts`, word_starts)."""
+    if word_starts and not getattr(tokenizer, "is_fast", False):
+        raise ArgumentError("--whole_word_masking needs a fast tokenizer (tokenizer.json) to find word boundaries")
+
+    def pack(batch):
+        return pack_batch(batch["text"], tokenizer, max_seq_length, word_starts)
+
+    options = {"batched": True, "batch_size": PACK_BATCH_SIZE, "remove_columns": ["text"]}
+    if isinstance(split, datasets.Dataset):
+        options["num_proc"] = num_proc
+    return split.map(pack, **options)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Masking
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _example_generator(input_ids: list[int], seed: int) -> torch.Generator:
+    """A generator seeded by the example's tokens: the same example is always masked the same way."""
+    key = zlib.crc32(torch.tensor(input_ids, dtype=torch.int64).numpy().tobytes())
+    return torch.Generator().manual_seed(seed * 1_000_003 + key)
+
+
+def select_positions(
+    candidates: torch.Tensor, word_starts: torch.Tensor | None, probability: float, generator=None
+) -> torch.Tensor:
+    """Positions to predict in one sequence. candidates, word_starts: (L,) bool; returns (L,) bool.
+
+    Each candidate token (each candidate word, when `word_starts` is given) is chosen with `probability`; a sequence
+    with candidates but no choice gets one, so no batch is left without a target (its loss would be NaN).
+    """
+    # the unit drawn for each token: itself, or its word (index = number of word starts up to it, minus one)
+    unit = torch.arange(candidates.numel()) if word_starts is None else torch.cumsum(word_starts.long(), dim=0) - 1
+    draws = torch.rand(int(unit.max()) + 1 if unit.numel() else 0, generator=generator) < probability
+    selected = draws[unit] & candidates
+    if candidates.any() and not selected.any():
+        pick = candidates.nonzero().view(-1)
+        chosen = pick[torch.randint(pick.numel(), (1,), generator=generator)]
+        selected = (unit == unit[chosen]) & candidates
+    return selected
+
+
+class MaskingCollator:
+    """Pads packed sequences and masks them for MLM. Features: dicts with input_ids (and word_starts).
+
+    Batch: input_ids, attention_mask (B, L) and labels (B, L): the original id at selected positions, -100 elsewhere.
+    Examples with a "mask_seed" (see `fix_masks`) are masked with a generator seeded by it and their tokens.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        mlm_probability: float = 0.15,
+        whole_word_masking: bool = False,
+        mask_replace_prob: float = 0.8,
+        random_replace_prob: float = 0.1,
+        pad_to_multiple_of: int | None = None,
+    ):
+        if tokenizer.mask_token_id is None:
+            raise ArgumentError("masked-language-model pre-training needs a tokenizer with a mask token")
+        if mask_replace_prob + random_replace_prob > 1:
+            raise ArgumentError("mask_replace_prob + random_replace_prob must be at most 1")
+        self.tokenizer = tokenizer
+        self.mlm_probability, self.whole_word_masking = mlm_probability, whole_word_masking
+        self.mask_replace_prob, self.random_replace_prob = mask_replace_prob, random_replace_prob
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+        self.vocab_size = len(tokenizer)
+
+    def _pad(self, features: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """-> input_ids (B, L), attention_mask (B, L), word_starts (B, L) or None."""
+        length = max(len(feature["input_ids"]) for feature in features)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = torch.full((len(features), length), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(features), length), dtype=torch.long)
+        with_words = self.whole_word_masking and "word_starts" in features[0]
+        word_starts = torch.ones((len(features), length), dtype=torch.bool) if with_words else None
+        for row, feature in enumerate(features):
+            ids = feature["input_ids"]
+            input_ids[row, : len(ids)] = torch.as_tensor(ids)
+            attention_mask[row, : len(ids)] = 1
+            if with_words:
+                word_starts[row, : len(ids)] = torch.as_tensor(feature["word_starts"], dtype=torch.bool)
+        return input_ids, attention_mask, word_starts
+
+    def _replace(self, input_ids: torch.Tensor, selected: torch.Tensor, generator=None) -> torch.Tensor:
+        """Selected positions of one sequence (L,) -> [MASK] / a random token / unchanged (80/10/10 by default)."""
+        draw = torch.rand(input_ids.shape, generator=generator)
+        to_mask = selected & (draw < self.mask_replace_prob)
+        to_random = selected & ~to_mask & (draw < self.mask_replace_prob + self.random_replace_prob)
+        random_ids = torch.randint(self.vocab_size, input_ids.shape, generator=generator)
+        masked = torch.where(to_mask, torch.full_like(input_ids, self.tokenizer.mask_token_id), input_ids)
+        return torch.where(to_random, random_ids, masked)
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask, word_starts = self._pad(features)
+        candidates = attention_mask.bool() & ~torch.isin(input_ids, self.special_ids)
+        labels = torch.full_like(input_ids, -100)
+        for row, feature in enumerate(features):
+            generator = None
+            if feature.get(MASK_SEED) is not None:  # a held-out example: the same masks at every evaluation
+                generator = _example_generator(feature["input_ids"], feature[MASK_SEED])
+            starts = word_starts[row] if word_starts is not None else None
+            selected = select_positions(candidates[row], starts, self.mlm_probability, generator)
+            labels[row][selected] = input_ids[row][selected]
+            input_ids[row] = self._replace(input_ids[row], selected, generator)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def fix_masks(split, seed: int):
+    """Give every example of a held-out split a mask seed: MaskingCollator then masks it the same way each time."""
+    return split.map(lambda batch: {MASK_SEED: [seed] * len(batch["input_ids"])}, batched=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Held-out metrics
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def mlm_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-example sums for token-weighted metrics. logits (B, L, V), labels (B, L) with -100 where not predicted.
+
+    Returns predictions (B, L) (argmax), the summed cross-entropy (B,) and the number of predicted tokens (B,).
+    """
+    masked = labels != -100
+    losses = F.cross_entropy(logits.float().transpose(1, 2), labels.clamp(min=0), reduction="none")  # (B, L)
+    return logits.argmax(dim=-1), (losses * masked).sum(dim=1), masked.sum(dim=1)
+
+
+def mlm_metrics(predictions, labels, loss_sums, counts, prefix: str = "") -> dict[str, float]:
+    """Token-weighted MLM loss, perplexity and accuracy from `mlm_sums` gathered over the held-out split."""
+    masked = labels != -100
+    loss = float(np.sum(loss_sums) / max(int(np.sum(counts)), 1))
+    return {
+        f"{prefix}loss": loss,
+        f"{prefix}perplexity": float(np.exp(loss)),
+        f"{prefix}accuracy": float(np.mean(predictions[masked] == labels[masked])) if masked.any() else float("nan"),
+    }

@@ -1,0 +1,255 @@
+"""Pre-train a RoFormer, DeBERTa or LittleBird encoder from raw text: posformers-pretrain.
+
+    posformers-pretrain --objective mlm --model_type posformers-roformer --train_tokenizer wordpiece \\
+        --train_file corpus.txt --do_train --do_eval --max_steps 100000 --output_dir out/roformer
+                                                      # masked language modelling (any of the three models)
+    posformers-pretrain --objective mlm --model_type posformers-deberta --tokenizer_name <tokenizer> ...
+                                                      # DeBERTa: the loss goes through the Enhanced Mask Decoder
+    posformers-pretrain --objective rtd --model_type posformers-deberta --rtd_weight 50 ...
+                                                      # DeBERTa-v3 replaced token detection with GDES
+                                                      # (finetune/pretrain_rtd.py); the output is the discriminator
+
+Also `python -m posformers.finetune.run_pretrain` and `posformers.finetune.run_pretrain.main([...])`. Every
+`TrainingArguments` flag works (`--save_steps`, `--resume_from_checkpoint True`, `--eval_strategy steps`,
+`--eval_on_start`, `--push_to_hub`, `--bf16`, torchrun, ...). Data options: finetune/pretrain_data.py.
+
+Without `--model_name_or_path` the model is new: its config comes from `--model_type` (+ `--config_overrides`) or
+`--config_name`, and its vocabulary size and special token ids from the tokenizer. `--train_tokenizer wordpiece|unigram`
+trains the tokenizer on the training text first and saves it into --output_dir (a resumed run reloads it from the
+checkpoint instead of training it again).
+
+Held-out metrics (eval_*): MLM `loss`, `perplexity` and `accuracy` over the selected tokens, masked the same way at
+every evaluation; for rtd the generator's `mlm_*` and the discriminator's `rtd_loss`, `rtd_accuracy` and the share of
+tokens replaced, next to `eval_loss` (mlm_loss + rtd_weight * rtd_loss).
+
+Bad input stops the script before training with one line (exit status 1): missing or empty text files, a text column
+that is not there, an objective the model cannot train (rtd needs DeBERTa), a tokenizer larger than a pre-trained
+model's vocabulary, sequences longer than the model's position table, --streaming without --max_steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
+
+from .common import (
+    ArgumentError,
+    ModelArguments,
+    RunArguments,
+    ThroughputCallback,
+    count_tokens,
+    exit_on_data_error,
+    load_config,
+    load_model,
+    load_tokenizer,
+    parse_arguments,
+    prepare_output_dir,
+    report_metrics,
+    setup_logging,
+)
+from .pretrain_data import (
+    MaskingCollator,
+    PretrainDataArguments,
+    fix_masks,
+    load_corpus,
+    mlm_metrics,
+    mlm_sums,
+    pack_corpus,
+    train_tokenizer,
+)
+from .pretrain_rtd import RTDArguments, RTDTrainer, build_rtd_model, preprocess_rtd_logits, rtd_metrics
+
+logger = logging.getLogger(__name__)
+
+OBJECTIVES = ("mlm", "rtd")
+
+
+@dataclasses.dataclass
+class PretrainArguments:
+    """Which pre-training objective to run."""
+
+    objective: str = dataclasses.field(
+        default="mlm",
+        metadata={
+            "help": "mlm: masked language modelling (all models; DeBERTa through its Enhanced Mask Decoder). "
+            "rtd: DeBERTa-v3 replaced token detection with gradient-disentangled embedding sharing.",
+            "choices": list(OBJECTIVES),
+        },
+    )
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ArgumentError(f"--objective: unknown objective {self.objective!r} (choose one of {OBJECTIVES})")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tokenizer and config
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def obtain_tokenizer(
+    model_args: ModelArguments, data_args: PretrainDataArguments, corpus: dict, checkpoint, output_dir
+):
+    """The tokenizer: trained on the corpus (`--train_tokenizer`, saved into output_dir), reloaded from the
+    checkpoint a resumed run trained it into, or loaded from --tokenizer_name / the model."""
+    if data_args.train_tokenizer is None:
+        return load_tokenizer(model_args)
+    if checkpoint is not None:
+        logger.info("reusing the tokenizer trained by the resumed run (%s)", checkpoint)
+        return AutoTokenizer.from_pretrained(checkpoint)
+    if model_args.tokenizer_name:
+        raise ArgumentError("give either --train_tokenizer or --tokenizer_name, not both")
+    tokenizer = train_tokenizer(
+        corpus["train"], data_args.train_tokenizer, data_args.tokenizer_vocab_size, data_args.tokenizer_lowercase
+    )
+    tokenizer.save_pretrained(output_dir)
+    return tokenizer
+
+
+def fit_config_to_tokenizer(config, tokenizer, model_args: ModelArguments, data_args: PretrainDataArguments):
+    """A new model takes the tokenizer's vocabulary size and special ids; a pre-trained one must already fit."""
+    if model_args.model_name_or_path is None:
+        config.vocab_size = len(tokenizer)
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            token_id = getattr(tokenizer, name, None)
+            if token_id is not None and hasattr(config, name):
+                setattr(config, name, token_id)
+    elif len(tokenizer) > config.vocab_size:
+        raise ArgumentError(
+            f"the tokenizer has {len(tokenizer)} tokens but {model_args.model_name_or_path} has vocab_size "
+            f"{config.vocab_size}: use the model's tokenizer"
+        )
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and limit > 0 and data_args.max_seq_length > limit:
+        raise ArgumentError(
+            f"--max_seq_length {data_args.max_seq_length} exceeds the model's max_position_embeddings ({limit})"
+        )
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def preprocess_mlm_logits(logits, labels):
+    """(B, L, V) logits -> per-example sums (see `mlm_sums`), so that Trainer never gathers the full logits."""
+    return mlm_sums(logits[0] if isinstance(logits, tuple) else logits, labels)
+
+
+def compute_mlm_metrics(prediction) -> dict[str, float]:
+    predictions, loss_sums, counts = prediction.predictions
+    return mlm_metrics(predictions, prediction.label_ids, loss_sums, counts, prefix="mlm_")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def check_run(training_args: TrainingArguments, data_args: PretrainDataArguments) -> None:
+    if not (training_args.do_train or training_args.do_eval):
+        raise ArgumentError("nothing to do: give --do_train and/or --do_eval")
+    if data_args.streaming and training_args.do_train and training_args.max_steps <= 0:
+        raise ArgumentError("--streaming needs --max_steps (a streamed corpus has no known length)")
+
+
+def build_model(objective: str, config, model_args: ModelArguments, rtd_args: RTDArguments):
+    if objective == "rtd":
+        return build_rtd_model(config, rtd_args, model_args.model_name_or_path)
+    return load_model(model_args, config, AutoModelForMaskedLM)
+
+
+def packed_splits(corpus: dict, tokenizer, data_args: PretrainDataArguments, seed: int) -> dict:
+    """Packed train and (masked-once) validation splits."""
+    packed = {
+        split: pack_corpus(
+            text, tokenizer, data_args.max_seq_length, data_args.whole_word_masking, data_args.preprocessing_num_workers
+        )
+        for split, text in corpus.items()
+    }
+    if "validation" in packed:
+        packed["validation"] = fix_masks(packed["validation"], seed)
+    return packed
+
+
+@exit_on_data_error
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Run the script with `argv` (default: sys.argv[1:]); returns every metric it reported."""
+    model_args, data_args, pretrain_args, rtd_args, run_args, training_args = parse_arguments(
+        (ModelArguments, PretrainDataArguments, PretrainArguments, RTDArguments, RunArguments, TrainingArguments), argv
+    )
+    setup_logging(training_args)
+    check_run(training_args, data_args)
+    checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
+    set_seed(training_args.seed)
+    objective = pretrain_args.objective
+
+    config = load_config(model_args)
+    if objective == "rtd" and config.model_type != "posformers-deberta":
+        raise ArgumentError(f"--objective rtd pre-trains DeBERTa-v3 (posformers-deberta); got {config.model_type}")
+    corpus = load_corpus(data_args, training_args.seed, model_args.cache_dir, need_validation=training_args.do_eval)
+    tokenizer = obtain_tokenizer(model_args, data_args, corpus, checkpoint, training_args.output_dir)
+    config = fit_config_to_tokenizer(config, tokenizer, model_args, data_args)
+    model = build_model(objective, config, model_args, rtd_args)
+    packed = packed_splits(corpus, tokenizer, data_args, training_args.seed)
+
+    # RTD masks every selected token (the official DeBERTa-v3 data); MLM uses BERT's 80/10/10.
+    replace = {"mask_replace_prob": 1.0, "random_replace_prob": 0.0} if objective == "rtd" else {}
+    collator = MaskingCollator(
+        tokenizer,
+        data_args.mlm_probability,
+        data_args.whole_word_masking,
+        pad_to_multiple_of=8 if training_args.fp16 or training_args.bf16 else None,
+        **replace,
+    )
+    count_tokens(training_args)
+    training_args.remove_unused_columns = False  # the collator reads word_starts / mask_seed and drops them
+    trainer_class, metrics_fn, preprocess = (
+        (RTDTrainer, rtd_metrics, preprocess_rtd_logits)
+        if objective == "rtd"
+        else (Trainer, compute_mlm_metrics, preprocess_mlm_logits)
+    )
+    trainer = trainer_class(
+        model=model,
+        args=training_args,
+        train_dataset=packed["train"] if training_args.do_train else None,
+        eval_dataset=packed.get("validation"),
+        processing_class=tokenizer,
+        data_collator=collator,
+        compute_metrics=metrics_fn,
+        preprocess_logits_for_metrics=preprocess,
+        callbacks=[ThroughputCallback()],
+    )
+
+    results: dict[str, float] = {}
+    if training_args.do_train:
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()
+        metrics = dict(train_result.metrics)
+        if not data_args.streaming:
+            metrics["train_samples"] = len(packed["train"])
+        report_metrics(trainer, "train", metrics)
+        trainer.save_state()
+        results.update(metrics)
+
+    if training_args.do_eval:
+        metrics = trainer.evaluate()
+        if not data_args.streaming:
+            metrics["eval_samples"] = len(packed["validation"])
+        report_metrics(trainer, "eval", metrics)
+        results.update(metrics)
+
+    if training_args.push_to_hub and trainer.is_world_process_zero():
+        tasks = "fill-mask" if objective == "mlm" else "feature-extraction"
+        trainer.push_to_hub(finetuned_from=model_args.model_name_or_path, tasks=tasks)
+    if trainer.is_world_process_zero():
+        logger.info("pre-trained model written to %s", Path(training_args.output_dir).resolve())
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Real text for the pre-training tests: SQuAD v1.1 dev contexts and SST-2 sentences from ../shared/data."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+SQUAD_DEV = SHARED_DATA / "qa" / "squad_v1.1" / "dev-v1.1.json"
+SST2_TRAIN = SHARED_DATA / "glue" / "sst2" / "train.tsv"
+
+
+def squad_contexts() -> list[str]:
+    """The distinct paragraphs of SQuAD v1.1 dev, in file order."""
+    data = json.loads(SQUAD_DEV.read_text(encoding="utf-8"))["data"]
+    seen: dict[str, None] = {}
+    for article in data:
+        for paragraph in article["paragraphs"]:
+            seen.setdefault(" ".join(paragraph["context"].split()), None)
+    return list(seen)
+
+
+def sst2_sentences() -> list[str]:
+    with SST2_TRAIN.open(encoding="utf-8") as file:
+        rows = csv.DictReader(file, delimiter="\t", quoting=csv.QUOTE_NONE)
+        return [row["sentence"].strip() for row in rows if row["sentence"].strip()]
+
+
+def write_corpus(folder: Path, train_contexts: int = 150, train_sentences: int = 1500, held_out: int = 20) -> dict:
+    """train.txt and valid.txt (one document per line) from disjoint SQuAD contexts and SST-2 sentences."""
+    contexts, sentences = squad_contexts(), sst2_sentences()
+    train = contexts[:train_contexts] + sentences[:train_sentences]
+    valid = (
+        contexts[train_contexts : train_contexts + held_out]
+        + sentences[train_sentences : train_sentences + 10 * held_out]
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"train": folder / "train.txt", "validation": folder / "valid.txt"}
+    paths["train"].write_text("\n".join(train) + "\n", encoding="utf-8")
+    paths["validation"].write_text("\n".join(valid) + "\n", encoding="utf-8")
+    return paths
