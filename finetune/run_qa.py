@@ -1,0 +1,358 @@
+"""Fine-tune a posformers (or any transformers) model for extractive question answering: `posformers-qa`.
+
+The arguments are those of transformers' examples/pytorch/question-answering/run_qa.py plus every TrainingArguments
+flag; the model, config and tokenizer load through the Auto classes (`import posformers` registers RoFormer, DeBERTa
+and LittleBird), so all three families and any transformers QA model work the same way.
+
+    posformers-qa --model_name_or_path path/to/model --train_file train-v1.1.json --validation_file dev-v1.1.json \
+        --do_train --do_eval --output_dir out/squad
+
+Data (finetune/qa_data.py tells the formats apart, or pass --data_format):
+- SQuAD v1.1 / v2.0 JSON (v2: add --version_2_with_negative), flat {id, question, context, answers} records in JSON
+  or JSON lines, or --dataset_name of a Hub dataset in the squad layout (online only).
+- KorQuAD 2.x pages: --korquad_mode html (raw_html + html_answer_start, the default) or context (the cleaned
+  context + answer_start). The HTML becomes text with the answers' offsets carried along (finetune/qa_html.py).
+- TriviaQA reading comprehension: a qa/*.json question file; evidence documents from --triviaqa_evidence_dir
+  (default: the `evidence` folder beside the `qa` folder). Scored with TriviaQA's normalisation against all aliases.
+
+Windows: documents longer than --max_seq_length tokens are read in windows overlapping by --doc_stride tokens. The
+default window is the whole document up to 4096 tokens for LittleBird (pass a larger --max_seq_length for longer
+documents; LittleBird has no position limit) and 512 tokens for the other models (or their max_position_embeddings
+if smaller). Evaluation writes <prefix>_predictions.json, <prefix>_nbest_predictions.json and, with
+--version_2_with_negative, <prefix>_null_odds.json (prefix "eval" or "predict") beside eval_results.json.
+
+Demo
+----
+`make demo` trains a small LittleBird from scratch (config `models/demo_data/qa/littlebird-tiny.json`, the
+bert-base-uncased WordPiece vocabulary in `models/demo_data/qa/tokenizer/`) on questions about long documents:
+whole SQuAD v1.1 dev articles, their paragraphs joined into one document of 2-3 thousand tokens each, so that each
+question is answered over the whole article in one 4096-token window (`models/demo_data/qa/`, see its README.md).
+It passes, with DATA = the installed `posformers/demo_data/qa` folder:
+
+    posformers.finetune.run_qa.main([
+        "--config_name", f"{DATA}/littlebird-tiny.json", "--tokenizer_name", f"{DATA}/tokenizer",
+        "--train_file", f"{DATA}/train.json", "--validation_file", f"{DATA}/train.json",
+        "--do_train", "--do_eval", "--output_dir", "demo_output/littlebird-qa", "--overwrite_output_dir",
+        "--num_train_epochs", "40", "--learning_rate", "3e-3", "--warmup_steps", "10",
+        "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8",
+        "--max_answer_length", "12", "--save_strategy", "no", "--report_to", "none", "--seed", "0",
+        "--logging_steps", "20",
+    ])
+
+and prints the returned {"eval_exact_match": ..., "eval_f1": ...}. The validation file is the training file on
+purpose: a model this small, trained from scratch for two minutes on a few dozen questions, can only learn to find
+the answers it was shown in a 2-3 thousand token document; EM/F1 on those questions measure that it did (a real
+learned result: an untrained model scores near 0). Held-out questions (`dev.json`) score near zero as well, which is
+what the README states and why: answering new questions needs a pretrained encoder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+
+import datasets
+from transformers import (
+    AutoModelForQuestionAnswering,
+    DataCollatorWithPadding,
+    PreTrainedTokenizerFast,
+    TrainingArguments,
+    default_data_collator,
+    set_seed,
+)
+
+from .common import (
+    ArgumentError,
+    BadExamples,
+    DataError,
+    ModelArguments,
+    RunArguments,
+    ThroughputCallback,
+    count_tokens,
+    exit_on_data_error,
+    load_config,
+    load_model,
+    load_tokenizer,
+    parse_arguments,
+    prepare_output_dir,
+    report_metrics,
+    setup_logging,
+)
+from .qa_data import DATA_FORMATS, KORQUAD_MODES, check_examples, hub_examples, load_qa_file
+from .qa_features import postprocess_predictions, prepare_features
+from .qa_trainer import QuestionAnsweringTrainer, score_predictions
+
+logger = logging.getLogger(__name__)
+
+LITTLEBIRD_WINDOW = 4096
+DEFAULT_WINDOW = 512
+
+
+@dataclasses.dataclass
+class QADataArguments:
+    """What data to train and evaluate on (names as in transformers' run_qa.py, plus the long-document formats)."""
+
+    dataset_name: str | None = dataclasses.field(
+        default=None, metadata={"help": "Hub dataset in the squad layout (e.g. squad, squad_v2); needs the network."}
+    )
+    dataset_config_name: str | None = dataclasses.field(default=None, metadata={"help": "The Hub dataset's config."})
+    train_file: str | None = dataclasses.field(default=None, metadata={"help": "Training data (.json / .jsonl)."})
+    validation_file: str | None = dataclasses.field(default=None, metadata={"help": "Evaluation data."})
+    test_file: str | None = dataclasses.field(default=None, metadata={"help": "Data to predict (answers optional)."})
+    data_format: str = dataclasses.field(
+        default="auto", metadata={"help": f"One of {DATA_FORMATS}: auto tells them apart by layout."}
+    )
+    korquad_mode: str = dataclasses.field(
+        default="html",
+        metadata={"help": f"KorQuAD 2 source, one of {KORQUAD_MODES}: raw_html + html_answer_start, or context."},
+    )
+    triviaqa_evidence_dir: str | None = dataclasses.field(
+        default=None, metadata={"help": "TriviaQA evidence folder (wikipedia/, web/); default: ../evidence of qa/."}
+    )
+    overwrite_cache: bool = dataclasses.field(default=False, metadata={"help": "Redo cached preprocessing."})
+    preprocessing_num_workers: int | None = dataclasses.field(
+        default=None, metadata={"help": "Processes for tokenization."}
+    )
+    max_seq_length: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": f"Window length in tokens; default {LITTLEBIRD_WINDOW} for LittleBird, {DEFAULT_WINDOW} for "
+            "others (or their max_position_embeddings if smaller)."
+        },
+    )
+    pad_to_max_length: bool = dataclasses.field(
+        default=False,
+        metadata={"help": "Pad every window to max_seq_length (default: pad each batch to its longest window)."},
+    )
+    max_train_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N questions."})
+    max_eval_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N questions."})
+    max_predict_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N questions."})
+    version_2_with_negative: bool = dataclasses.field(
+        default=False, metadata={"help": "Some questions have no answer (SQuAD v2.0)."}
+    )
+    null_score_diff_threshold: float = dataclasses.field(
+        default=0.0, metadata={"help": "Answer 'no answer' when null score - best span score exceeds this."}
+    )
+    doc_stride: int = dataclasses.field(default=128, metadata={"help": "Overlap of consecutive windows, in tokens."})
+    n_best_size: int = dataclasses.field(default=20, metadata={"help": "Candidate starts/ends per window."})
+    max_answer_length: int = dataclasses.field(default=30, metadata={"help": "Longest answer, in tokens."})
+
+    def __post_init__(self):
+        if self.data_format not in DATA_FORMATS:
+            raise ArgumentError(f"--data_format must be one of {DATA_FORMATS}, got {self.data_format!r}")
+        if self.korquad_mode not in KORQUAD_MODES:
+            raise ArgumentError(f"--korquad_mode must be one of {KORQUAD_MODES}, got {self.korquad_mode!r}")
+        for name in ("doc_stride", "n_best_size", "max_answer_length", "max_seq_length"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ArgumentError(f"--{name} must be positive, got {value}")
+
+
+SPLIT_FILES = {"train": "train_file", "validation": "validation_file", "test": "test_file"}
+
+
+def wanted_splits(training_args: TrainingArguments) -> list[str]:
+    wanted = []
+    if training_args.do_train:
+        wanted.append("train")
+    if training_args.do_eval or (training_args.do_train and training_args.eval_strategy != "no"):
+        wanted.append("validation")
+    if training_args.do_predict:
+        wanted.append("test")
+    return wanted
+
+
+def load_hub_split(data_args: QADataArguments, model_args: ModelArguments, split: str):
+    """One split of --dataset_name from the Hub; a clear DataError where the Hub cannot be reached."""
+    try:
+        return datasets.load_dataset(
+            data_args.dataset_name,
+            data_args.dataset_config_name,
+            split=split,
+            cache_dir=model_args.cache_dir,
+            token=model_args.token,
+        )
+    except Exception as error:  # datasets raises many kinds (offline, not found, no such split)
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+        hint = (
+            " HF_HUB_OFFLINE is set, so nothing is downloaded: pass local files (--train_file, --validation_file)."
+            if offline
+            else ""
+        )
+        raise DataError(
+            f"cannot load split {split!r} of dataset {data_args.dataset_name!r}: {type(error).__name__}: {error}.{hint}"
+        ) from None
+
+
+def load_split(data_args, model_args, run_args, split: str) -> list[dict]:
+    """Checked examples of one split from its file or the Hub, cut to --max_*_samples."""
+    bad = BadExamples(skip=run_args.skip_bad_examples, split=split)
+    path = getattr(data_args, SPLIT_FILES[split])
+    if path is not None:
+        examples = load_qa_file(
+            path,
+            split,
+            bad,
+            data_format=data_args.data_format,
+            korquad_mode=data_args.korquad_mode,
+            evidence_dir=data_args.triviaqa_evidence_dir,
+            version_2_with_negative=data_args.version_2_with_negative,
+        )
+    elif data_args.dataset_name is not None:
+        records = hub_examples(load_hub_split(data_args, model_args, split), data_args.dataset_name)
+        examples = check_examples(
+            records, data_args.dataset_name, bad, split != "test", data_args.version_2_with_negative
+        )
+    else:
+        raise ArgumentError(f"no {split} data: pass --{SPLIT_FILES[split]} or --dataset_name")
+    if len(bad):
+        logger.warning(bad.summary())
+    limit = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}.get(
+        split, data_args.max_predict_samples
+    )
+    return examples[:limit] if limit is not None else examples
+
+
+def window_length(config, requested: int | None) -> int:
+    """Tokens per window: the whole document up to 4096 for LittleBird (any length when asked), 512 for others,
+    never past a model's max_position_embeddings."""
+    if config.model_type == "littlebird":
+        return requested or LITTLEBIRD_WINDOW
+    limit = getattr(config, "max_position_embeddings", None)
+    length = requested or DEFAULT_WINDOW
+    if limit is not None and length > limit:
+        logger.warning("max_seq_length %d is more than the model's %d positions: using %d", length, limit, limit)
+        length = limit
+    return length
+
+
+def check_tokenizer(tokenizer, max_seq_length: int, doc_stride: int) -> None:
+    if not isinstance(tokenizer, PreTrainedTokenizerFast) and not getattr(tokenizer, "is_fast", False):
+        raise ArgumentError(
+            f"{type(tokenizer).__name__} is not a fast tokenizer: windowing needs offset mappings (use a tokenizer "
+            "with a tokenizer.json, or one transformers can convert)"
+        )
+    if doc_stride >= max_seq_length:
+        raise ArgumentError(f"--doc_stride ({doc_stride}) must be smaller than the window ({max_seq_length} tokens)")
+    # Windows and positions count from the left: LittleBird and the span labels need real tokens first.
+    tokenizer.padding_side = "right"
+
+
+def to_features(examples: list[dict], split: str, tokenizer, data_args, max_seq_length: int, training_args):
+    """(examples Dataset, features Dataset) of one split."""
+    dataset = datasets.Dataset.from_list(examples)
+    with_labels = split != "test" or any(example["answers"]["text"] for example in examples)
+    prepare = functools.partial(
+        prepare_features,
+        tokenizer=tokenizer,
+        max_seq_length=max_seq_length,
+        doc_stride=data_args.doc_stride,
+        pad_to_max_length=data_args.pad_to_max_length,
+        with_labels=with_labels,
+        for_postprocessing=split != "train",
+    )
+    with training_args.main_process_first(desc=f"windowing {split}"):
+        try:
+            features = dataset.map(
+                prepare,
+                batched=True,
+                remove_columns=dataset.column_names,
+                num_proc=data_args.preprocessing_num_workers,
+                load_from_cache_file=not data_args.overwrite_cache,
+                desc=f"windowing {split} ({max_seq_length} tokens, stride {data_args.doc_stride})",
+            )
+        except Exception as error:
+            if "truncat" in str(error).lower():  # the question leaves no room for the document
+                raise DataError(
+                    f"{split}: a question is too long for a {max_seq_length}-token window with stride "
+                    f"{data_args.doc_stride} ({error}); raise --max_seq_length or lower --doc_stride"
+                ) from None
+            raise
+    logger.info("%s: %d questions -> %d windows", split, len(dataset), len(features))
+    return dataset, features
+
+
+@exit_on_data_error
+def main(argv: list[str] | None = None) -> dict | None:
+    """Run the script with `argv` (CLI words; None: sys.argv). In-process callers get every metric it reported."""
+    model_args, data_args, run_args, training_args = parse_arguments(
+        (ModelArguments, QADataArguments, RunArguments, TrainingArguments), argv
+    )
+    setup_logging(training_args)
+    checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
+    set_seed(training_args.seed)
+
+    # All data is read and checked before the model is built, so bad data stops the run at once.
+    splits = {split: load_split(data_args, model_args, run_args, split) for split in wanted_splits(training_args)}
+
+    config = load_config(model_args)
+    tokenizer = load_tokenizer(model_args)
+    max_seq_length = window_length(config, data_args.max_seq_length)
+    check_tokenizer(tokenizer, max_seq_length, data_args.doc_stride)
+    model = load_model(model_args, config, AutoModelForQuestionAnswering)
+
+    datasets_ = {
+        split: to_features(examples, split, tokenizer, data_args, max_seq_length, training_args)
+        for split, examples in splits.items()
+    }
+    normalizer = "triviaqa" if any("aliases" in e for examples in splits.values() for e in examples[:1]) else "squad"
+    collator = (
+        default_data_collator
+        if data_args.pad_to_max_length
+        else DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None)
+    )
+    eval_examples, eval_features = datasets_.get("validation", (None, None))
+    count_tokens(training_args)
+    trainer = QuestionAnsweringTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=datasets_["train"][1] if "train" in datasets_ else None,
+        eval_dataset=eval_features,
+        eval_examples=eval_examples,
+        processing_class=tokenizer,
+        data_collator=collator,
+        postprocess=functools.partial(
+            postprocess_predictions,
+            version_2_with_negative=data_args.version_2_with_negative,
+            n_best_size=data_args.n_best_size,
+            max_answer_length=data_args.max_answer_length,
+            null_score_diff_threshold=data_args.null_score_diff_threshold,
+        ),
+        score=functools.partial(
+            score_predictions, version_2_with_negative=data_args.version_2_with_negative, normalizer=normalizer
+        ),
+        callbacks=[ThroughputCallback()],
+    )
+
+    results = {}
+    if training_args.do_train:
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()
+        metrics = {**train_result.metrics, "train_samples": len(datasets_["train"][1])}
+        report_metrics(trainer, "train", metrics)
+        trainer.save_state()
+        results.update(metrics)
+    if training_args.do_eval:
+        metrics = {**trainer.evaluate(), "eval_samples": len(eval_examples)}
+        report_metrics(trainer, "eval", metrics)
+        trainer.last_predictions.write(training_args.output_dir, "eval")
+        results.update(metrics)
+    if training_args.do_predict:
+        test_examples, test_features = datasets_["test"]
+        output = trainer.predict(test_features, test_examples, metric_key_prefix="predict")
+        metrics = {**output.metrics, "predict_samples": len(test_examples)}
+        report_metrics(trainer, "predict", metrics)
+        trainer.last_predictions.write(training_args.output_dir, "predict")
+        results.update(metrics)
+    if training_args.push_to_hub:
+        card = {"finetuned_from": model_args.model_name_or_path, "tasks": "question-answering"}
+        if data_args.dataset_name:
+            card["dataset"] = data_args.dataset_name
+        trainer.push_to_hub(**{key: value for key, value in card.items() if value})
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,396 @@
+"""posformers-qa end to end: gold answers round-trip through windows and post-processing on every format, windows
+with doc_stride recover answers cut by a window edge, a tiny model overfits real questions through the full script,
+resuming equals not stopping, --push_to_hub reaches the (local) Hub, and bad data stops the run before training."""
+
+import functools
+import json
+import shutil
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+from helpers import python_env, run_python
+from safetensors.torch import load_file
+from transformers import AutoConfig, BertTokenizerFast
+
+from posformers.finetune import run_qa
+from posformers.finetune.common import BadExamples
+from posformers.finetune.qa_data import load_qa_file
+from posformers.finetune.qa_features import postprocess_predictions, prepare_features
+from posformers.finetune.qa_trainer import score_predictions
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+QA_DATA = DATA / "qa"
+BERT_VOCAB = DATA / "vocab" / "bert-base-uncased" / "vocab.txt"
+GOLD_LOGIT = 20.0
+
+TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+TINY_LITTLEBIRD = {"model_type": "littlebird", "block_size": 32, "pack_length": 8, **TINY}
+# The overfitting run takes a few hundred steps: RoFormer is the quickest family per step on a CPU.
+TINY_ROFORMER = {"model_type": "posformers-roformer", "max_position_embeddings": 256, **TINY}
+
+
+@pytest.fixture(scope="module")
+def english_tokenizer():
+    tokenizer = BertTokenizerFast(vocab=str(BERT_VOCAB), do_lower_case=True)
+    assert tokenizer.vocab_size == 30522  # the whole vocabulary, not only the special tokens
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def korean_tokenizer(tmp_path_factory):
+    """WordPiece over single characters (the shared vocabularies have no Hangul): every character is a token, so
+    every answer boundary is a token boundary."""
+    examples = [e for m in ("html", "context") for e in load_korquad(m)]
+    chars = sorted({c for e in examples for c in e["context"] + e["question"] if not c.isspace()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars)]
+    path = tmp_path_factory.mktemp("korean-vocab") / "vocab.txt"
+    path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizerFast(vocab=str(path), do_lower_case=False, strip_accents=False)
+    assert tokenizer.vocab_size == len(vocab)
+    return tokenizer
+
+
+def load_korquad(mode):
+    files = ("korquad2.1_train_00.json", "korquad2.1_dev_00.json")
+    return [
+        e
+        for name in files
+        for e in load_qa_file(QA_DATA / "korquad2_sample" / name, "validation", BadExamples(False, "v"), "auto", mode)
+    ]
+
+
+def windows(examples, tokenizer, max_seq_length, doc_stride):
+    """(examples Dataset, features Dataset with gold positions and post-processing columns)."""
+    dataset = datasets.Dataset.from_list(examples)
+    prepare = functools.partial(
+        prepare_features,
+        tokenizer=tokenizer,
+        max_seq_length=max_seq_length,
+        doc_stride=doc_stride,
+        with_labels=True,
+        for_postprocessing=True,
+    )
+    return dataset, dataset.map(prepare, batched=True, remove_columns=dataset.column_names)
+
+
+def gold_logits(features):
+    """Logits that put all weight on each window's gold start / end token (padded like Trainer pads, with -100)."""
+    length = max(len(ids) for ids in features["input_ids"])
+    start, end = np.full((len(features), length), -100.0), np.full((len(features), length), -100.0)
+    for i, ids in enumerate(features["input_ids"]):
+        start[i, : len(ids)] = end[i, : len(ids)] = 0.0
+        start[i, features["start_positions"][i]] = end[i, features["end_positions"][i]] = GOLD_LOGIT
+    return start, end
+
+
+def round_trip(examples, tokenizer, max_seq_length=384, doc_stride=128, version_2=False, normalizer="squad"):
+    dataset, features = windows(examples, tokenizer, max_seq_length, doc_stride)
+    start, end = gold_logits(features)
+    predictions = postprocess_predictions(
+        dataset, features, start, end, version_2_with_negative=version_2, max_answer_length=1000
+    )
+    return score_predictions(dataset, predictions, version_2, normalizer), predictions, features
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Gold answers survive windows -> positions -> post-processing
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_file_examples(path, split="validation", **options):
+    return load_qa_file(path, split, BadExamples(False, split), **options)
+
+
+def test_round_trip_squad_v11_dev_questions(english_tokenizer):
+    examples = load_file_examples(QA_DATA / "squad_v1.1" / "dev-v1.1.json")[::50]  # 212 questions, 48 articles
+    metrics, _, _ = round_trip(examples, english_tokenizer)
+    assert metrics == {"exact_match": 100.0, "f1": 100.0}
+
+
+@pytest.mark.parametrize("name", ["sample.json", "dev-v2.0.json"])
+def test_round_trip_squad_v2_fixtures_with_unanswerable(english_tokenizer, name):
+    examples = load_file_examples(QA_DATA / "fixtures" / name, version_2_with_negative=True)
+    metrics, predictions, _ = round_trip(examples, english_tokenizer, version_2=True)
+    assert metrics["exact"] == 100.0 and metrics["f1"] == 100.0
+    assert metrics["HasAns_total"] > 0 and metrics["NoAns_total"] > 0
+    assert metrics["NoAns_exact"] == 100.0
+    unanswerable = [e["id"] for e in examples if not e["answers"]["text"]]
+    assert all(predictions.predictions[qid] == "" for qid in unanswerable)
+    assert all(predictions.null_odds[qid] > 0 for qid in unanswerable)
+
+
+@pytest.mark.parametrize("mode", ["html", "context"])
+def test_round_trip_korquad2_whole_pages(korean_tokenizer, mode):
+    examples = load_korquad(mode)
+    # Pages of ~10k characters in 512-token windows: many windows per page, the answer in one or two of them.
+    metrics, predictions, features = round_trip(examples, korean_tokenizer, max_seq_length=512, doc_stride=128)
+    assert metrics == {"exact_match": 100.0, "f1": 100.0}
+    assert len(features) > 5 * len(examples)
+    assert predictions.predictions == {e["id"]: e["answers"]["text"][0] for e in examples}
+
+
+def test_round_trip_triviaqa_sample(english_tokenizer):
+    examples = [
+        e
+        for name in ("wikipedia-dev.json", "wikipedia-train.json", "web-dev.json", "web-train.json")
+        for e in load_file_examples(QA_DATA / "triviaqa_sample" / "qa" / name)
+        if e["answers"]["text"]  # evidence documents in which an alias occurs
+    ]
+    assert len(examples) >= 4
+    metrics, _, _ = round_trip(examples, english_tokenizer, max_seq_length=128, doc_stride=32, normalizer="triviaqa")
+    assert metrics == {"exact_match": 100.0, "f1": 100.0}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Windows
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def long_document_examples(paragraphs=10, every=4):
+    """SQuAD v1.1 dev's first article as one long document (its first `paragraphs` joined, ~1,500 tokens), with every
+    `every`-th question and its first answer (shifted), as a training file would have it. Answers inside a word
+    ("gold" of "golden") are left out: no span of whole tokens is exactly them."""
+    article = json.loads((QA_DATA / "squad_v1.1" / "dev-v1.1.json").read_text())["data"][0]
+    document, examples = "", []
+    for paragraph in article["paragraphs"][:paragraphs]:
+        shift = len(document)
+        document += paragraph["context"] + "\n\n"
+        for qa in paragraph["qas"]:
+            answer = qa["answers"][0]
+            answers = {"text": [answer["text"]], "answer_start": [answer["answer_start"] + shift]}
+            examples.append({"id": qa["id"], "title": "", "question": qa["question"], "answers": answers})
+    examples = [{**e, "context": document} for e in examples[::every]]
+    return [e for e in examples if whole_words(document, e["answers"]["answer_start"][0], e["answers"]["text"][0])]
+
+
+def whole_words(text: str, start: int, answer: str) -> bool:
+    end = start + len(answer)
+    return (start == 0 or not text[start - 1].isalnum()) and (end == len(text) or not text[end].isalnum())
+
+
+def test_answers_cut_by_a_window_edge_are_found_in_the_overlapping_window(english_tokenizer):
+    examples = long_document_examples()
+    _, predictions, features = round_trip(examples, english_tokenizer, max_seq_length=96, doc_stride=48)
+    assert len(features) > 20 * len(examples)  # a ~1,500-token document in 96-token windows
+
+    # Windows that hold only part of a gold answer are labelled "no answer"; another window holds it whole.
+    cut = 0
+    by_id = {e["id"]: e for e in examples}
+    for i, offsets in enumerate(features["offset_mapping"]):
+        context = [o for o in offsets if o is not None]
+        window_start, window_end = context[0][0], context[-1][1]
+        example = by_id[features["example_id"][i]]
+        start = example["answers"]["answer_start"][0]
+        end = start + len(example["answers"]["text"][0])
+        if start < window_end < end or start < window_start < end:
+            cut += 1
+            assert features["start_positions"][i] == features["cls_index"][i]
+    assert cut >= 3
+    for example in examples:
+        assert predictions.predictions[example["id"]] in example["answers"]["text"]
+
+
+def test_window_counts_follow_max_seq_length_and_doc_stride(english_tokenizer):
+    examples = long_document_examples(every=40)
+    _, wide = windows(examples, english_tokenizer, 512, 128)
+    _, narrow = windows(examples, english_tokenizer, 512, 256)  # more overlap: more windows
+    _, whole = windows(examples, english_tokenizer, 8192, 128)
+    assert len(whole) == len(examples)  # LittleBird-style: the whole document in one window
+    assert len(wide) < len(narrow)
+    # Consecutive windows of one example overlap by doc_stride tokens.
+    first = [i for i, eid in enumerate(wide["example_id"]) if eid == examples[0]["id"]]
+    a, b = (wide["input_ids"][first[0]], wide["input_ids"][first[1]])
+    assert a[-1 - 128 : -1] == b[b.index(english_tokenizer.sep_token_id) + 1 :][:128]
+
+
+def test_default_window_littlebird_whole_document_others_512():
+    littlebird = AutoConfig.for_model(**TINY_LITTLEBIRD)
+    roformer = AutoConfig.for_model("posformers-roformer", max_position_embeddings=1536)
+    short_roformer = AutoConfig.for_model("posformers-roformer", max_position_embeddings=128)
+    deberta = AutoConfig.for_model("posformers-deberta")
+    assert run_qa.window_length(littlebird, None) == 4096
+    assert run_qa.window_length(littlebird, 16384) == 16384  # longer when asked: no position limit
+    assert run_qa.window_length(roformer, None) == 512
+    assert run_qa.window_length(roformer, 1024) == 1024
+    assert run_qa.window_length(roformer, 4096) == 1536  # capped by the model's positions
+    assert run_qa.window_length(short_roformer, None) == 128
+    assert run_qa.window_length(deberta, None) == min(512, deberta.max_position_embeddings)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The script
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def squad_subset(path: Path, count: int, skip: int = 0) -> Path:
+    """The SQuAD v1.1 dev questions [skip, skip + count) in the official layout."""
+    article_list = json.loads((QA_DATA / "squad_v1.1" / "dev-v1.1.json").read_text())["data"]
+    paragraphs, seen = [], 0
+    for article in article_list:
+        for paragraph in article["paragraphs"]:
+            qas = []
+            for qa in paragraph["qas"]:
+                if skip <= seen < skip + count:
+                    qas.append(qa)
+                seen += 1
+            if qas:
+                paragraphs.append({"context": paragraph["context"], "qas": qas})
+        if seen >= skip + count:
+            break
+    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "subset", "paragraphs": paragraphs}]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, english_tokenizer):
+    """Files a run needs: tiny LittleBird and RoFormer configs, the bert-base-uncased tokenizer, 32 real questions
+    (SQuAD v1.1 dev's first: 30 of them have an answer made of whole tokens; "gold" in "golden" and the "8" that
+    SQuAD's first annotator marked in "20–18" cannot be extracted exactly, so 93.75 is the best EM possible)."""
+    root = tmp_path_factory.mktemp("qa-run")
+    (root / "config.json").write_text(json.dumps(TINY_LITTLEBIRD))
+    (root / "roformer.json").write_text(json.dumps(TINY_ROFORMER))
+    english_tokenizer.save_pretrained(root / "tokenizer")
+    squad_subset(root / "train.json", 32)
+    return root
+
+
+def script_args(root: Path, output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--config_name", str(root / "config.json"),
+        "--tokenizer_name", str(root / "tokenizer"),
+        "--train_file", str(root / "train.json"),
+        "--validation_file", str(root / "train.json"),
+        "--output_dir", str(output_dir),
+        "--max_seq_length", "256",
+        "--per_device_train_batch_size", "8",
+        "--per_device_eval_batch_size", "16",
+        "--learning_rate", "3e-3",
+        "--warmup_steps", "10",
+        "--report_to", "none",
+        "--seed", "0",
+        "--disable_tqdm", "true",
+        "--dataloader_pin_memory", "false",
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_tiny_model_overfits_32_real_questions(workspace, tmp_path, capsys):
+    output_dir = tmp_path / "run"
+    results = run_qa.main(
+        script_args(workspace, output_dir, "--do_train", "--do_eval", "--num_train_epochs", "40",
+                    "--save_strategy", "no", "--logging_steps", "40", "--config_name", str(workspace / "roformer.json"))
+    )  # fmt: skip
+    assert results["eval_exact_match"] >= 90.0, results
+    assert results["eval_f1"] >= 90.0
+    assert results["eval_samples"] == 32
+    # What the run leaves: the model, results JSON and printed table, predictions files.
+    assert json.loads((output_dir / "eval_results.json").read_text())["eval_exact_match"] == results["eval_exact_match"]
+    predictions = json.loads((output_dir / "eval_predictions.json").read_text())
+    assert len(predictions) == 32
+    nbest = json.loads((output_dir / "eval_nbest_predictions.json").read_text())
+    assert all(0.0 <= c["probability"] <= 1.0 for candidates in nbest.values() for c in candidates)
+    assert (output_dir / "model.safetensors").is_file()
+    printed = capsys.readouterr().out
+    assert "***** eval metrics *****" in printed and "eval_exact_match" in printed
+    assert "samples_per_second" in printed and "eta" in printed  # throughput and ETA in the training log
+
+
+@pytest.mark.slow
+def test_resume_from_checkpoint_matches_an_uninterrupted_run(workspace, tmp_path):
+    common = ("--do_train", "--do_eval", "--max_steps", "8", "--save_steps", "4", "--max_train_samples", "16",
+              "--max_eval_samples", "8")  # fmt: skip
+    dropout_config = tmp_path / "config.json"  # dropout on: the resumed run must also restore the RNG state
+    dropout_config.write_text(json.dumps({**TINY_LITTLEBIRD, "hidden_dropout_prob": 0.1}))
+    args = [*common, "--config_name", str(dropout_config)]
+    full = run_qa.main(script_args(workspace, tmp_path / "full", *args))
+
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-4", resumed_dir / "checkpoint-4")  # as if stopped after step 4
+    resumed = run_qa.main(script_args(workspace, resumed_dir, *args, "--resume_from_checkpoint", "True"))
+
+    full_weights, resumed_weights = (load_file(d / "model.safetensors") for d in (tmp_path / "full", resumed_dir))
+    assert full_weights.keys() == resumed_weights.keys()
+    for name, tensor in full_weights.items():
+        assert (tensor == resumed_weights[name]).all(), name
+    for key in ("eval_loss", "eval_exact_match", "eval_f1"):
+        assert resumed[key] == full[key], key
+
+
+REPO = "user/tiny-littlebird-qa"
+
+
+@pytest.mark.slow
+def test_push_to_hub_through_the_local_hub(workspace, tmp_path, hub_server):
+    output_dir = tmp_path / "push"
+    args = script_args(workspace, output_dir, "--do_train", "--max_steps", "2", "--max_train_samples", "8",
+                       "--save_strategy", "no", "--push_to_hub", "--hub_model_id", REPO)  # fmt: skip
+    code = "from posformers.finetune.run_qa import main\nmain(ARGS)\nprint(json.dumps('done'))"
+    assert run_python(code, args, env=python_env(tmp_path / "hf-home", endpoint=hub_server.url), cwd=tmp_path) == "done"
+    files = set(hub_server.list_files(REPO))
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= files
+    pushed = json.loads(hub_server.read_file(REPO, "config.json"))
+    assert pushed["model_type"] == "littlebird" and pushed["architectures"] == ["LittleBirdForQuestionAnswering"]
+    weights = hub_server.read_file(REPO, "model.safetensors")
+    assert weights == (output_dir / "model.safetensors").read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad data stops the script before training
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def shifted_answer_file(root: Path, tmp_path: Path) -> Path:
+    data = json.loads((root / "train.json").read_text())
+    qa = data["data"][0]["paragraphs"][0]["qas"][0]
+    qa["answers"][0]["answer_start"] += 3
+    path = tmp_path / "shifted.json"
+    path.write_text(json.dumps(data))
+    return path, qa["id"]
+
+
+def test_offset_mismatch_stops_before_training(workspace, tmp_path):
+    path, qid = shifted_answer_file(workspace, tmp_path)
+    output_dir = tmp_path / "out"
+    with pytest.raises(SystemExit, match=rf"error \(data\): .*shifted.json.*example '{qid}': answer .* does not"):
+        run_qa.main([*script_args(workspace, output_dir, "--do_train"), "--train_file", str(path)])
+    assert not (output_dir / "model.safetensors").exists()
+
+
+def test_skip_bad_examples_counts_and_goes_on(workspace, tmp_path, caplog):
+    path, qid = shifted_answer_file(workspace, tmp_path)
+    args = script_args(workspace, tmp_path / "out", "--do_train", "--max_steps", "1", "--save_strategy", "no",
+                       "--skip_bad_examples", "--max_train_samples", "8")  # fmt: skip
+    results = run_qa.main([*args, "--train_file", str(path)])
+    assert results["train_samples"] >= 7  # windows of the 7 good questions among the first 8 kept
+    assert f"train: skipped 1 bad example(s); first: {path}" in caplog.text and qid in caplog.text
+
+
+def test_empty_file_and_missing_field_stop_the_script(workspace, tmp_path):
+    (tmp_path / "empty.json").write_text("")
+    with pytest.raises(SystemExit, match=r"empty.json: the file is empty"):
+        run_qa.main(
+            [*script_args(workspace, tmp_path / "a", "--do_train"), "--train_file", str(tmp_path / "empty.json")]
+        )
+    (tmp_path / "noq.json").write_text(json.dumps({"data": [{"id": "x", "context": "c", "answers": []}]}))
+    with pytest.raises(SystemExit, match=r"noq.json, column 'question': question #0 \(id 'x'\) has no 'question'"):
+        run_qa.main(
+            [*script_args(workspace, tmp_path / "b", "--do_eval"), "--validation_file", str(tmp_path / "noq.json")]
+        )
+
+
+def test_hub_dataset_offline_is_a_clear_error(workspace, tmp_path):
+    args = ["--dataset_name", "squad", "--do_eval", "--output_dir", str(tmp_path / "out"),
+            "--config_name", str(workspace / "config.json")]  # fmt: skip
+    with pytest.raises(SystemExit, match=r"cannot load split 'validation' of dataset 'squad'.*HF_HUB_OFFLINE"):
+        run_qa.main(args)
