@@ -4,6 +4,7 @@ output in a fresh process with trust_remote_code, and check the --overwrite beha
 Fixtures:
     workdir        a temporary directory for one test
     convert        run the console command in a subprocess (offline, own HF_HOME): convert(*args) -> result
+    convert_here   the same command run in this process (quicker; for refusals and repeat runs): same result type
 """
 
 from __future__ import annotations
@@ -77,6 +78,19 @@ def convert(workdir):
     return run
 
 
+@pytest.fixture
+def convert_here(capsys):
+    def run(*args) -> ConvertResult:
+        from posformers.conversion import cli
+
+        capsys.readouterr()  # drop what earlier steps printed
+        code = cli.main([str(arg) for arg in args])
+        captured = capsys.readouterr()
+        return ConvertResult(code, captured.out, captured.err)
+
+    return run
+
+
 def tree_digest(folder: Path) -> dict[str, str]:
     """{relative path: sha256} of every file under `folder`."""
     return {
@@ -93,7 +107,9 @@ def assert_no_partial_outputs(parent: Path, name: str) -> None:
 
 
 def check_overwrite_behaviour(convert, args: list, output: Path) -> None:
-    """Converting again into `output`: refused without --overwrite (nothing touched), replaced with it."""
+    """Converting again into `output`: refused without --overwrite (nothing touched), replaced with it.
+
+    convert: the `convert` fixture (the console command) or `convert_here` (the same command in this process)."""
     before = tree_digest(output)
     refused = convert(*args)
     assert refused.returncode == 1
@@ -106,30 +122,50 @@ def check_overwrite_behaviour(convert, args: list, output: Path) -> None:
     assert_no_partial_outputs(output.parent, output.name)
 
 
-# Loads the output with an Auto class and trust_remote_code=True where posformers cannot be imported.
+# Loads each output with its Auto class and trust_remote_code=True where posformers cannot be imported.
 _CHILD_LOAD = """
 import torch, transformers
 from safetensors.torch import load_file, save_file
 
-model = getattr(transformers, ARGS["auto"]).from_pretrained(ARGS["model"], trust_remote_code=True).eval()
-with torch.no_grad():
-    output = model(**load_file(ARGS["inputs"]))
-save_file({k: v.contiguous() for k, v in output.items() if isinstance(v, torch.Tensor)}, ARGS["outputs"])
-print(json.dumps({"module": type(model).__module__, "class": type(model).__name__}))
+loaded = []
+for job in ARGS["jobs"]:
+    model = getattr(transformers, job["auto"]).from_pretrained(job["model"], trust_remote_code=True).eval()
+    with torch.no_grad():
+        output = model(**load_file(job["inputs"]))
+    tensors = {k: v.contiguous() for k, v in output.items() if isinstance(v, torch.Tensor)}
+    save_file(tensors, job["outputs"])
+    loaded.append({"module": type(model).__module__, "class": type(model).__name__})
+print(json.dumps(loaded))
 """
 
 
 def load_with_remote_code(model_dir: Path, auto_name: str, inputs: dict, workdir: Path) -> dict[str, torch.Tensor]:
     """Outputs of `auto_name.from_pretrained(model_dir, trust_remote_code=True)` computed in a fresh process without
     posformers; asserts that the repo's own code (not posformers) ran."""
-    inputs_file, outputs_file = workdir / "remote-inputs.safetensors", workdir / "remote-outputs.safetensors"
-    save_file({key: value.contiguous() for key, value in inputs.items()}, str(inputs_file))
-    args = {"auto": auto_name, "model": str(model_dir), "inputs": str(inputs_file), "outputs": str(outputs_file)}
+    return load_all_with_remote_code([(model_dir, auto_name, inputs)], workdir)[0]
+
+
+def load_all_with_remote_code(jobs: list[tuple[Path, str, dict]], workdir: Path) -> list[dict[str, torch.Tensor]]:
+    """`load_with_remote_code` for several `(model_dir, auto_name, inputs)` in ONE fresh process (one interpreter
+    start and one transformers import for all). Output directories need distinct names: transformers caches remote
+    code by the directory's name."""
+    names = [Path(model_dir).name for model_dir, _, _ in jobs]
+    assert len(set(names)) == len(names), f"output directories need distinct names: {names}"
+    args = {"jobs": []}
+    for i, (model_dir, auto_name, inputs) in enumerate(jobs):
+        inputs_file = workdir / f"remote-{i}-inputs.safetensors"
+        save_file({key: value.contiguous() for key, value in inputs.items()}, str(inputs_file))
+        outputs_file = workdir / f"remote-{i}-outputs.safetensors"
+        args["jobs"].append(
+            {"auto": auto_name, "model": str(model_dir), "inputs": str(inputs_file), "outputs": str(outputs_file)}
+        )
     loaded = run_python(
         _CHILD_LOAD, args, env=python_env(workdir / "hf-home-remote"), cwd=workdir, without_posformers=True
     )
-    assert loaded["module"].startswith("transformers_modules."), loaded
-    return load_file(str(outputs_file))
+    assert len(loaded) == len(jobs), loaded
+    for (model_dir, _, _), info in zip(jobs, loaded, strict=True):
+        assert info["module"].startswith("transformers_modules."), (model_dir, info)
+    return [load_file(job["outputs"]) for job in args["jobs"]]
 
 
 def run_in_process(capsys, *args) -> tuple[int, str]:

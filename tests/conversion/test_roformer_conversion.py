@@ -17,7 +17,14 @@ import transformers
 
 import posformers
 
-from .conftest import VOCAB_DIR, check_overwrite_behaviour, load_with_remote_code, run_in_process
+from .conftest import (
+    VOCAB_DIR,
+    check_overwrite_behaviour,
+    load_all_with_remote_code,
+    load_with_remote_code,
+    run_convert,
+    run_in_process,
+)
 
 VERIFY_TOLERANCE = 1e-5
 CHAR_VOCAB = VOCAB_DIR / "bert-base-chinese" / "vocab.txt"
@@ -165,11 +172,26 @@ def tf_release(tmp_path_factory):
     return folder, reference, variables
 
 
-def test_tf_checkpoint_converts_and_reproduces_the_model_it_came_from(tf_release, workdir, convert):
-    folder, reference, _ = tf_release
-    output = workdir / "converted"
-    args = ["roformer", "--from", "tf", "--source", folder / "bert_model.ckpt", "--output", output]
-    result = convert(*args).check()
+def convert_once(tmp_path_factory, name: str, args: list):
+    """Run the console command for a module-scoped output `name`; returns (args, output, result)."""
+    base = tmp_path_factory.mktemp(name)
+    output = base / name
+    args = [*args, "--output", output]
+    return args, output, run_convert(args, hf_home=base / "hf-home").check()
+
+
+@pytest.fixture(scope="module")
+def tf_converted(tf_release, tmp_path_factory):
+    return convert_once(
+        tmp_path_factory,
+        "roformer-sim-from-tf",
+        ["roformer", "--from", "tf", "--source", tf_release[0] / "bert_model.ckpt"],
+    )
+
+
+def test_tf_checkpoint_converts_and_reproduces_the_model_it_came_from(tf_release, tf_converted):
+    _, reference, _ = tf_release
+    _, output, result = tf_converted
     assert_verified(result, {"last hidden state", "logits"})
     assert "bert/pooler/dense/kernel" in result.stdout and "optimizer state" in result.stdout
 
@@ -387,16 +409,28 @@ def roformer_v2_logits(state, input_ids, token_type_ids, attention_mask) -> torc
     return x @ words.T
 
 
-def test_v2_checkpoint_matches_the_roformer_v2_equations(workdir, convert, capsys):
-    vocab = vocab_size(CHAR_VOCAB)
-    source, output = workdir / "roformer_v2_chinese_char_base", workdir / "converted"
-    source.mkdir()
-    (source / "config.json").write_text(json.dumps({**V2_CONFIG, "vocab_size": vocab}, indent=2))
-    state = v2_state_dict(vocab)
+def write_v2_release(source, state: dict[str, torch.Tensor]) -> None:
+    """As junnyu/roformer_v2_chinese_char_base is published: config.json, pytorch_model.bin, vocab.txt."""
+    source.mkdir(parents=True)
+    (source / "config.json").write_text(json.dumps({**V2_CONFIG, "vocab_size": vocab_size(CHAR_VOCAB)}, indent=2))
     torch.save(state, source / "pytorch_model.bin")
     shutil.copy(CHAR_VOCAB, source / "vocab.txt")
 
-    result = convert("roformer", "--from", "v2", "--source", source, "--output", output).check()
+
+@pytest.fixture(scope="module")
+def v2_converted(tmp_path_factory):
+    """(args, output, result) of converting a RoFormer-v2 release, and the release's state dict."""
+    state = v2_state_dict(vocab_size(CHAR_VOCAB))
+    source = tmp_path_factory.mktemp("v2") / "roformer_v2_chinese_char_base"
+    write_v2_release(source, state)
+    return (
+        *convert_once(tmp_path_factory, "roformer-v2-base", ["roformer", "--from", "v2", "--source", source]),
+        state,
+    )
+
+
+def test_v2_checkpoint_matches_the_roformer_v2_equations(v2_converted):
+    _, output, result, state = v2_converted
     assert_verified(result, {"last hidden state", "logits"})
     model = transformers.AutoModelForMaskedLM.from_pretrained(output)
     assert model.config.norm_type == "rms_norm" and model.config.use_bias is False
@@ -406,9 +440,42 @@ def test_v2_checkpoint_matches_the_roformer_v2_equations(workdir, convert, capsy
         assert_close(model(**inputs).logits, expected, inputs["attention_mask"], tolerance=1e-4)
     assert transformers.AutoTokenizer.from_pretrained(output).tokenize(TEXT) == list(TEXT)
 
-    state["roformer.encoder.layer.0.attention.self.query.bias"] = torch.zeros(32)  # v2 has no biases
-    torch.save(state, source / "pytorch_model.bin")
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ("bias", "roformer.encoder.layer.0.attention.self.query.bias"),  # v2 has no biases: an extra tensor
+        ("missing", "roformer.encoder.layer.1.intermediate.dense.weight"),
+    ],
+)
+def test_v2_accounting_names_extra_and_missing_tensors(change, named, workdir, capsys):
+    state = v2_state_dict(vocab_size(CHAR_VOCAB))
+    if change == "bias":
+        state[named] = torch.zeros(32)
+    else:
+        del state[named]
+    source = workdir / "roformer_v2_chinese_char_base"
+    write_v2_release(source, state)
     error = cli_failure(capsys, "roformer", "--from", "v2", "--source", source, "--output", workdir / "o")
-    assert "roformer.encoder.layer.0.attention.self.query.bias" in error
-    error = cli_failure(capsys, "roformer", "--from", "hf", "--source", source, "--output", workdir / "o")
-    assert "use --from v2" in error
+    assert named in error and (change == "bias" or "missing" in error), error
+    assert not (workdir / "o").exists()
+    if change == "bias":
+        error = cli_failure(capsys, "roformer", "--from", "hf", "--source", source, "--output", workdir / "o")
+        assert "use --from v2" in error
+
+
+def test_tf_and_v2_outputs_load_with_remote_code_and_respect_overwrite(
+    tf_converted, v2_converted, workdir, convert_here
+):
+    """Both outputs in one fresh process without posformers (trust_remote_code), then --overwrite on each."""
+    jobs, expected = [], []
+    for _, output, *_ in (tf_converted, v2_converted):
+        model = transformers.AutoModelForMaskedLM.from_pretrained(output).eval()
+        inputs = sample_inputs(model.config)
+        with torch.no_grad():
+            expected.append((model(**inputs).logits, inputs["attention_mask"]))
+        jobs.append((output, "AutoModelForMaskedLM", inputs))
+    for remote, (logits, mask) in zip(load_all_with_remote_code(jobs, workdir), expected, strict=True):
+        assert_close(remote["logits"], logits, mask)
+    for args, output, *_ in (tf_converted, v2_converted):
+        check_overwrite_behaviour(convert_here, args, output)
