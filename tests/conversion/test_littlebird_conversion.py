@@ -16,7 +16,13 @@ from safetensors.torch import save_file
 
 import posformers
 
-from .conftest import VOCAB_DIR, check_overwrite_behaviour, load_with_remote_code, run_in_process
+from .conftest import (
+    VOCAB_DIR,
+    check_overwrite_behaviour,
+    load_all_with_remote_code,
+    run_convert,
+    run_in_process,
+)
 
 VERIFY_TOLERANCE = 1e-5
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
@@ -56,7 +62,7 @@ def write_bert_release(directory, state_edit=None):
     return model
 
 
-def write_roberta_release(directory):
+def write_roberta_release(directory, state_edit=None):
     """roberta-base's layout: RobertaForMaskedLM weights plus the pooler it never uses, the decoder stored beside the
     embeddings it is tied to, config.json (type_vocab_size 1, pad 1), GPT-2 BPE vocab.json + merges.txt."""
     directory.mkdir(parents=True)
@@ -67,6 +73,8 @@ def write_roberta_release(directory):
     generator = torch.Generator().manual_seed(3)
     state["roberta.pooler.dense.weight"] = torch.randn(32, 32, generator=generator)
     state["roberta.pooler.dense.bias"] = torch.randn(32, generator=generator)
+    if state_edit:
+        state_edit(state)
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
     config.to_json_file(directory / "config.json")
     for name in ("vocab.json", "merges.txt"):
@@ -81,11 +89,30 @@ def assert_verified(result) -> dict[str, float]:
     return table
 
 
-def test_bert_release_converts_loads_and_keeps_every_copied_tensor(workdir, convert):
-    source, output = workdir / "bert-base-uncased", workdir / "littlebird"
-    teacher = write_bert_release(source)
-    args = ["littlebird", "--from", "bert", "--source", source, "--output", output]
-    result = convert(*args, "--block-size", "16", "--pack-length", "8").check()
+def convert_once(tmp_path_factory, name: str, write_release, args: list):
+    """Write a teacher release and run the console command on it, once per module: (args, output, result, teacher)."""
+    base = tmp_path_factory.mktemp(name)
+    source, output = base / "source", base / name
+    teacher = write_release(source)
+    args = [*args, "--source", source, "--output", output]
+    return args, output, run_convert(args, hf_home=base / "hf-home").check(), teacher
+
+
+@pytest.fixture(scope="module")
+def bert_converted(tmp_path_factory):
+    args = ["littlebird", "--from", "bert", "--block-size", "16", "--pack-length", "8"]
+    return convert_once(tmp_path_factory, "littlebird-from-bert", write_bert_release, args)
+
+
+@pytest.fixture(scope="module")
+def roberta_converted(tmp_path_factory):
+    args = ["littlebird", "--from", "roberta"]
+    return convert_once(tmp_path_factory, "littlebird-from-roberta", write_roberta_release, args)
+
+
+def test_bert_release_converts_loads_and_keeps_every_copied_tensor(bert_converted):
+    args, output, result, teacher = bert_converted
+    source = args[args.index("--source") + 1]
     table = assert_verified(result)
     assert set(table) == {"embeddings (teacher without positions)", "MLM head logits (same hidden states)"}
     for reason in ("absolute position table", "next-sentence-prediction head", "pooler", "tied to the word embeddings"):
@@ -109,18 +136,11 @@ def test_bert_release_converts_loads_and_keeps_every_copied_tensor(workdir, conv
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(output)
     assert tokenizer.tokenize(TEXT) == transformers.AutoTokenizer.from_pretrained(source).tokenize(TEXT)
-    inputs = dict(tokenizer([TEXT, "short one"], padding=True, return_tensors="pt"))
-    with torch.no_grad():
-        expected = model(**inputs).logits
-    remote = load_with_remote_code(output, "AutoModelForMaskedLM", inputs, workdir)
-    assert (remote["logits"] - expected).abs().max().item() <= VERIFY_TOLERANCE
-    check_overwrite_behaviour(convert, args, output)
 
 
-def test_roberta_release_maps_its_lm_head_and_drops_the_pooler(workdir, convert):
-    source, output = workdir / "roberta-base", workdir / "littlebird"
-    teacher = write_roberta_release(source)
-    result = convert("littlebird", "--from", "roberta", "--source", source, "--output", output).check()
+def test_roberta_release_maps_its_lm_head_and_drops_the_pooler(roberta_converted):
+    args, output, result, teacher = roberta_converted
+    source = args[args.index("--source") + 1]
     assert_verified(result)
     assert "pooler" in result.stdout and "absolute position table" in result.stdout
 
@@ -139,6 +159,26 @@ def test_roberta_release_maps_its_lm_head_and_drops_the_pooler(workdir, convert)
         assert torch.equal(ours[our_key], theirs[their_key]), our_key
     tokenizer = transformers.AutoTokenizer.from_pretrained(output)
     assert tokenizer.tokenize(TEXT) == transformers.AutoTokenizer.from_pretrained(source).tokenize(TEXT)
+
+
+def test_outputs_load_with_remote_code_and_respect_overwrite(
+    bert_converted, roberta_converted, workdir, convert, convert_here
+):
+    """Both outputs in one fresh process without posformers (trust_remote_code), with the teachers' tokenizers; then
+    --overwrite: through the console command for the BERT one, in this process for the RoBERTa one."""
+    jobs, expected = [], []
+    for _, output, _, _ in (bert_converted, roberta_converted):
+        model = transformers.AutoModelForMaskedLM.from_pretrained(output).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(output)
+        inputs = dict(tokenizer([TEXT, "short one"], padding=True, return_tensors="pt"))
+        with torch.no_grad():
+            expected.append(model(**inputs).logits)
+        jobs.append((output, "AutoModelForMaskedLM", inputs))
+    for remote, logits in zip(load_all_with_remote_code(jobs, workdir), expected, strict=True):
+        assert (remote["logits"] - logits).abs().max().item() <= VERIFY_TOLERANCE
+    (bert_args, bert_output, *_), (roberta_args, roberta_output, *_) = bert_converted, roberta_converted
+    check_overwrite_behaviour(convert, bert_args, bert_output)
+    check_overwrite_behaviour(convert_here, roberta_args, roberta_output)
 
 
 def test_bare_encoder_gives_a_littlebird_model(workdir, capsys):
@@ -172,6 +212,28 @@ def test_accounting_stops_with_the_key_named(edit, named, workdir, capsys):
 
     write_bert_release(source, state_edit)
     code, printed = run_in_process(capsys, "littlebird", "--from", "bert", "--source", source, "--output", output)
+    assert code == 1 and named in printed and "Traceback" not in printed, printed
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (
+            lambda s: s.__setitem__("roberta.encoder.layer.0.attention.self.distance_embedding.weight", torch.ones(2)),
+            "distance_embedding",
+        ),
+        (
+            lambda s: s.pop("roberta.encoder.layer.1.attention.output.LayerNorm.bias"),
+            "littlebird.encoder.layer.1.attention.output.LayerNorm.bias",
+        ),
+    ],
+    ids=["extra", "missing"],
+)
+def test_roberta_accounting_stops_with_the_key_named(edit, named, workdir, capsys):
+    source, output = workdir / "roberta", workdir / "out"
+    write_roberta_release(source, edit)
+    code, printed = run_in_process(capsys, "littlebird", "--from", "roberta", "--source", source, "--output", output)
     assert code == 1 and named in printed and "Traceback" not in printed, printed
     assert not output.exists()
 
