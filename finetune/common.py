@@ -13,6 +13,7 @@ API, in the order a script uses it:
         #    is given. `--resume_from_checkpoint True` means "the last checkpoint-N in output_dir".
     config = load_config(model_args, num_labels=2, finetuning_task="sst2")   # pretrained, config.json or scratch
     tokenizer = load_tokenizer(model_args)
+    config = fit_config_to_tokenizer(config, tokenizer, model_args)   # from scratch: the tokenizer's vocab size
     model = load_model(model_args, config, AutoModelForSequenceClassification)
         # all through the Auto classes after `import posformers`: RoFormer, DeBERTa and LittleBird (and any
         # transformers model) load the same way; without --model_name_or_path the model is built from the config.
@@ -362,6 +363,20 @@ def load_tokenizer(model_args: ModelArguments):
     if name is None:
         raise ArgumentError("training from scratch needs --tokenizer_name (a tokenizer folder or repo id)")
     return AutoTokenizer.from_pretrained(name, **_hub_kwargs(model_args))
+
+
+def fit_config_to_tokenizer(config, tokenizer, model_args: ModelArguments):
+    """A model built from scratch gets the tokenizer's vocabulary size and padding id (unless --config_overrides set
+    them): a config's defaults (RoFormer's 50,000 Chinese words) are not the tokenizer's (BERT's 30,522)."""
+    if model_args.model_name_or_path is not None:
+        return config
+    overridden = set(parse_overrides(type(config), model_args.config_overrides)) if model_args.model_type else set()
+    if "vocab_size" not in overridden and config.vocab_size != len(tokenizer):
+        logger.info("vocab_size %d -> %d, the tokenizer's", config.vocab_size, len(tokenizer))
+        config.vocab_size = len(tokenizer)
+    if "pad_token_id" not in overridden and tokenizer.pad_token_id is not None:
+        config.pad_token_id = tokenizer.pad_token_id
+    return config
 
 
 def load_model(model_args: ModelArguments, config, auto_class):

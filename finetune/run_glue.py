@@ -41,6 +41,7 @@ from .common import (
     ThroughputCallback,
     count_tokens,
     exit_on_data_error,
+    fit_config_to_tokenizer,
     load_config,
     load_model,
     load_tokenizer,
@@ -283,6 +284,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     label_names = align_with_checkpoint(config, tables, label_names)
     config = set_labels(config, label_names, task, model_args)
     tokenizer = load_tokenizer(model_args)
+    config = fit_config_to_tokenizer(config, tokenizer, model_args)
     model = load_model(model_args, config, AutoModelForSequenceClassification)
 
     train_dataset = None

@@ -456,6 +456,7 @@ def test_other_model_families_train_and_predict(tmp_path, glue_dir, model_type):
     )
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
     assert model.config.model_type == model_type
+    assert model.config.vocab_size == 30522 and model.config.pad_token_id == 0  # from the tokenizer
     lines = (tmp_path / "out" / "SST-2.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction" and [line[:2] for line in lines[1:]] == ["0\t", "1\t"]
 
@@ -574,6 +575,7 @@ def test_config_file_and_arguments_file(tmp_path, glue_dir):
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (saved["model_type"], saved["hidden_size"], saved["embedding_size"]) == ("posformers-roformer", 32, 32)
     assert saved["finetuning_task"] == "cola" and saved["id2label"] == {"0": "0", "1": "1"}
+    assert saved["vocab_size"] == 30522  # the tokenizer's, not RoFormerConfig's default of 50000
 
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32}))
     (tmp_path / "args.json").write_text(json.dumps({**arguments, "output_dir": str(tmp_path / "out2")}))
