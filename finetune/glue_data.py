@@ -150,7 +150,7 @@ LABEL_COLUMN = "label"
 
 def get_task(name: str) -> GlueTask:
     if name.lower() not in GLUE_TASKS:
-        raise DataError(f"unknown task {name!r}; GLUE tasks: {', '.join(GLUE_TASKS)}", column="--task_name")
+        raise DataError(f"--task_name {name!r}: unknown task; GLUE tasks: {', '.join(GLUE_TASKS)}")
     return GLUE_TASKS[name.lower()]
 
 

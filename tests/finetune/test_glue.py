@@ -280,7 +280,9 @@ def assert_script_error(tmp_path, pattern: str, *args: str, model: list[str] | N
 
 
 def test_unknown_task(tmp_path):
-    assert_script_error(tmp_path, r"unknown task 'sst5'; GLUE tasks: cola, sst2", "--task_name", "sst5")
+    assert_script_error(
+        tmp_path, r"^error \(data\): --task_name 'sst5': unknown task; GLUE tasks: cola, sst2", "--task_name", "sst5"
+    )
 
 
 def test_missing_text_column(tmp_path):
