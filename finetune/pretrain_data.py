@@ -319,7 +319,8 @@ def pack_batch(texts: list[str], tokenizer, max_seq_length: int, word_starts: bo
     size = max_seq_length - 2
     chunks = {"input_ids": [[start, *stream[i : i + size], sep] for i in range(0, len(stream), size)]}
     if word_starts:
-        chunks["word_starts"] = [[1, *starts[i : i + size], 1] for i in range(0, len(stream), size)]
+        # a word cut by a chunk boundary becomes two words: each chunk starts one
+        chunks["word_starts"] = [[1, 1, *starts[i + 1 : i + size], 1] for i in range(0, len(stream), size)]
     return chunks
 
 

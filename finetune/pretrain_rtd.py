@@ -149,7 +149,8 @@ class GDESEmbedding(nn.Module):
 @dataclasses.dataclass
 class RTDOutput(ModelOutput):
     """loss = mlm_loss + rtd_weight * rtd_loss; logits (B, L, V) of the generator, rtd_logits (B, L) of the
-    discriminator, rtd_labels (B, L): 1 replaced, 0 original, -100 padding."""
+    discriminator, rtd_labels (B, L): 1 replaced, 0 original, -100 padding; rtd_input_ids (B, L): what the
+    discriminator read (the generator's samples at the masked positions)."""
 
     loss: torch.Tensor | None = None
     mlm_loss: torch.Tensor | None = None
@@ -157,6 +158,7 @@ class RTDOutput(ModelOutput):
     logits: torch.Tensor | None = None
     rtd_logits: torch.Tensor | None = None
     rtd_labels: torch.Tensor | None = None
+    rtd_input_ids: torch.Tensor | None = None
 
 
 def sample_replacements(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -236,6 +238,7 @@ class DebertaRTDModel(nn.Module):
             logits=generated.logits,
             rtd_logits=detected.logits,
             rtd_labels=replaced,
+            rtd_input_ids=corrupted,
         )
 
 
@@ -374,10 +377,10 @@ class RTDTrainer(Trainer):
 
 
 def preprocess_rtd_logits(outputs, labels):
-    """Trainer hands (mlm_loss, rtd_loss, logits, rtd_logits, rtd_labels) per batch; keep per-example sums for
-    token-weighted metrics: the generator's `mlm_sums`, and the discriminator's summed BCE, correct decisions and real
-    tokens, each (B,)."""
-    _, _, logits, rtd_logits, rtd_labels = outputs
+    """Per batch, Trainer hands the RTDOutput fields after the loss; keep per-example sums for token-weighted
+    metrics: the generator's `mlm_sums`, and the discriminator's summed BCE, correct decisions, real tokens and
+    replaced tokens, each (B,)."""
+    _, _, logits, rtd_logits, rtd_labels, _ = outputs
     real = rtd_labels != -100
     targets = rtd_labels.clamp(min=0).float()
     bce = F.binary_cross_entropy_with_logits(rtd_logits.float(), targets, reduction="none")

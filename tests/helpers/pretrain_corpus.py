@@ -40,3 +40,22 @@ def write_corpus(folder: Path, train_contexts: int = 150, train_sentences: int =
     paths["train"].write_text("\n".join(train) + "\n", encoding="utf-8")
     paths["validation"].write_text("\n".join(valid) + "\n", encoding="utf-8")
     return paths
+
+
+# Tiny models of each family (hidden 32, 1-2 layers) that train in seconds on a CPU.
+TINY = {
+    "posformers-roformer": "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,"
+    "max_position_embeddings=64",
+    "posformers-deberta": "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,"
+    "max_position_embeddings=64,position_buckets=16",
+    "littlebird": "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,block_size=8,"
+    "pack_length=8",
+}
+# Quiet, quick Trainer settings of the pre-training runs.
+QUICK = ["--report_to", "none", "--disable_tqdm", "True", "--log_level", "error", "--save_strategy", "no"]
+
+
+def eval_history(output_dir: Path, key: str) -> list[float]:
+    """The values of `key` at every evaluation logged in output_dir/trainer_state.json, in order."""
+    state = json.loads((Path(output_dir) / "trainer_state.json").read_text(encoding="utf-8"))
+    return [entry[key] for entry in state["log_history"] if key in entry]
