@@ -1,86 +1,39 @@
-"""`make demo`: train a small RoFormer masked LM on text shipped here, save it, reload it with AutoModel, fill masks.
+"""`make demo`: fine-tune a small RoFormer from scratch on real SST-2 with posformers-glue, reload it with
+AutoModelForSequenceClassification and classify two sentences; then answer questions about a long document with a
+small LittleBird through posformers-qa. Offline, on a CPU, on data shipped in posformers/demo_data.
 
-Runs offline on a CPU in well under a minute:
+    python -m posformers.demo [--output-dir demo_output/finetune] [--epochs 3] [--train-samples 8000] [--skip-qa]
 
-    python -m posformers.demo [--output-dir demo_output/roformer-mlm] [--steps 300]
+The SST-2 part trains a 2-layer, 128-wide RoFormer (about 4.4M parameters, most of them the 30,522-word embedding
+table) on 8,000 real SST-2 training rows for 3 epochs and scores it on the 872 official dev sentences: 77.5%
+accuracy where a majority-class guess gets 50.9% (README, "The demo"). Pretrained encoders reach 91-95% because they
+arrive knowing English from billions of words; this model knows only what 8,000 short reviews teach it in a few minutes.
 """
+
+from __future__ import annotations
 
 import argparse
 import time
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import AutoModelForMaskedLM, PreTrainedTokenizerFast, pipeline
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from posformers import RoFormerConfig, RoFormerForMaskedLM
-
-# A small corpus written for this demo: facts about the models posformers ships.
-CORPUS = """\
-rotary embeddings rotate queries and keys by an angle that grows with position .
-the angle between two tokens depends only on their distance .
-roformer uses rotary embeddings instead of absolute position embeddings .
-deberta separates content and position in its attention scores .
-deberta adds absolute positions only in the enhanced mask decoder .
-littlebird reads long documents with sliding window attention .
-littlebird packs the whole document into a few global tokens .
-bialibi adds a linear bias that depends on the distance between tokens .
-a masked language model predicts the hidden word from its context .
-the encoder reads the whole sentence in both directions .
-the decoder reads the sentence from left to right .
-long documents need attention that grows linearly with length .
-"""
+DEMO_DATA = Path(__file__).resolve().parent / "demo_data"
 MARKER = ".posformers-demo"
-
-
-def build_tokenizer(lines: list[str]) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over the corpus, with BERT's special tokens."""
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    words = sorted({word for line in lines for word in line.split()})
-    vocab = {token: i for i, token in enumerate(specials + words)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="[PAD]",
-        unk_token="[UNK]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    )
-
-
-def masked_examples(tokenizer, lines: list[str]):
-    """Every (sentence, word) pair once, with that word masked: the whole corpus as one small batch."""
-    batch = tokenizer(lines, padding=True, return_tensors="pt")
-    inputs, masks, labels = [], [], []
-    for row, length in enumerate(batch["attention_mask"].sum(1).tolist()):
-        for position in range(1, length - 1):  # skip [CLS] and [SEP]
-            input_ids = batch["input_ids"][row].clone()
-            label = torch.full_like(input_ids, -100)
-            label[position] = input_ids[position]
-            input_ids[position] = tokenizer.mask_token_id
-            inputs.append(input_ids)
-            masks.append(batch["attention_mask"][row])
-            labels.append(label)
-    return torch.stack(inputs), torch.stack(masks), torch.stack(labels)
-
-
-def train(model, tokenizer, lines, steps: int) -> float:
-    """Full-batch masked-LM training over every masked position of the corpus."""
-    input_ids, attention_mask, labels = masked_examples(tokenizer, lines)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    model.train()
-    loss = torch.tensor(float("nan"))
-    for _ in range(steps):
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return loss.item()
+ROFORMER = ",".join(
+    [
+        "hidden_size=128",
+        "num_hidden_layers=2",
+        "num_attention_heads=4",
+        "intermediate_size=256",
+        "max_position_embeddings=128",
+    ]
+)
+PROBES = (
+    "a gorgeous , witty , seductive movie .",
+    "the plot is tedious and the acting is even worse .",
+)
 
 
 def prepare_output_dir(path: Path) -> None:
@@ -91,54 +44,113 @@ def prepare_output_dir(path: Path) -> None:
     (path / MARKER).touch()
 
 
-def main(argv=None) -> None:
+def glue_arguments(args, output_dir: Path) -> list[str]:
+    """posformers-glue's command line for the SST-2 step (a new model: --model_type and --config_overrides)."""
+    return [
+        "--model_type", "posformers-roformer",
+        "--config_overrides", ROFORMER,
+        "--tokenizer_name", str(DEMO_DATA / "tokenizer"),
+        "--task_name", "sst2",
+        "--train_file", str(DEMO_DATA / "sst2" / "train.tsv"),
+        "--validation_file", str(DEMO_DATA / "sst2" / "dev.tsv"),
+        "--max_train_samples", str(args.train_samples),
+        "--do_train", "--do_eval",
+        "--output_dir", str(output_dir),
+        "--overwrite_output_dir",  # the folder is the demo's own (checked by prepare_output_dir)
+        "--num_train_epochs", str(args.epochs),
+        "--per_device_train_batch_size", "32",
+        "--per_device_eval_batch_size", "64",
+        "--learning_rate", "1e-3",
+        "--warmup_steps", "50",
+        "--weight_decay", "0.01",
+        "--max_seq_length", "64",
+        "--save_strategy", "no",
+        "--logging_steps", "50",
+        "--report_to", "none",
+        "--seed", str(args.seed),
+    ]  # fmt: skip
+
+
+def classify(model_dir: Path) -> None:
+    """Reload the fine-tuned model through the Auto class and label two sentences it has never seen."""
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    print(f"reloaded with AutoModelForSequenceClassification as {type(model).__module__}.{type(model).__name__}")
+    names = {"0": "negative", "1": "positive"}
+    with torch.no_grad():
+        probabilities = model(**tokenizer(list(PROBES), padding=True, return_tensors="pt")).logits.softmax(-1)
+    for sentence, row in zip(PROBES, probabilities):
+        label = model.config.id2label[int(row.argmax())]
+        print(f"  {sentence!r} -> {names.get(label, label)} ({row.max().item():.2f})")
+
+
+def sst2_step(args, output_dir: Path) -> None:
+    from posformers.finetune import run_glue
+
+    print("== 1. SST-2: fine-tune a small RoFormer from scratch with posformers-glue ==")
+    start = time.perf_counter()
+    results = run_glue.main(glue_arguments(args, output_dir))
+    print(
+        f"SST-2 dev accuracy {results['eval_accuracy']:.3f} (majority class: 0.509) after "
+        f"{time.perf_counter() - start:.0f}s; saved to {output_dir}"
+    )
+    classify(output_dir)
+
+
+def qa_arguments(args, output_dir: Path) -> list[str]:
+    """posformers-qa's command line for the long-document step, as finetune/run_qa.py's "Demo" section gives it.
+
+    The validation file is the training file on purpose (run_qa.py explains): a model this small, trained from scratch
+    for two minutes, can only learn to find the answers it was shown in a 2-3 thousand token document.
+    """
+    data = DEMO_DATA / "qa"
+    return [
+        "--config_name", str(data / "littlebird-tiny.json"),
+        "--tokenizer_name", str(data / "tokenizer"),
+        "--train_file", str(data / "train.json"),
+        "--validation_file", str(data / "train.json"),
+        "--do_train", "--do_eval",
+        "--output_dir", str(output_dir),
+        "--overwrite_output_dir",
+        "--num_train_epochs", str(args.qa_epochs),
+        "--learning_rate", "3e-3",
+        "--warmup_steps", "10",
+        "--per_device_train_batch_size", "8",
+        "--per_device_eval_batch_size", "8",
+        "--max_answer_length", "12",
+        "--save_strategy", "no",
+        "--report_to", "none",
+        "--seed", str(args.seed),
+        "--logging_steps", "20",
+    ]  # fmt: skip
+
+
+def qa_step(args, output_dir: Path) -> None:
+    from posformers.finetune import run_qa
+
+    print("== 2. Long-document QA: a small LittleBird from scratch with posformers-qa ==")
+    start = time.perf_counter()
+    results = run_qa.main(qa_arguments(args, output_dir))
+    print(
+        f"QA on the questions it trained on: exact match {results['eval_exact_match']:.1f}, "
+        f"F1 {results['eval_f1']:.1f} after {time.perf_counter() - start:.0f}s; saved to {output_dir}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", type=Path, default=Path("demo_output/roformer-mlm"))
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--output-dir", type=Path, default=Path("demo_output/finetune"))
+    parser.add_argument("--epochs", type=float, default=3.0, help="SST-2 training epochs")
+    parser.add_argument("--train-samples", type=int, default=8000, help="SST-2 training rows used (at most 8000)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-qa", action="store_true", help="run only the SST-2 step")
+    parser.add_argument("--qa-epochs", type=float, default=40.0, help="QA training epochs")
     args = parser.parse_args(argv)
 
-    torch.manual_seed(args.seed)
-    lines = CORPUS.strip().splitlines()
-    tokenizer = build_tokenizer(lines)
-    config = RoFormerConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = RoFormerForMaskedLM(config)
-    print(f"RoFormer MLM: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {tokenizer.vocab_size}")
-    start = time.perf_counter()
-    final_loss = train(model, tokenizer, lines, args.steps)
-    print(f"trained {args.steps} steps in {time.perf_counter() - start:.1f}s, final loss {final_loss:.3f}")
-
     prepare_output_dir(args.output_dir)
-    model.save_pretrained(args.output_dir)
-    tokenizer.save_pretrained(args.output_dir)
-    print(f"saved to {args.output_dir} ({', '.join(sorted(p.name for p in args.output_dir.iterdir()))})")
-
-    reloaded = AutoModelForMaskedLM.from_pretrained(args.output_dir)
-    print(f"reloaded with AutoModelForMaskedLM as {type(reloaded).__module__}.{type(reloaded).__name__}")
-    fill_mask = pipeline("fill-mask", model=reloaded, tokenizer=tokenizer, device="cpu")
-    probes = [
-        ("roformer uses [MASK] embeddings instead of absolute position embeddings .", "rotary"),
-        ("littlebird reads long documents with sliding [MASK] attention .", "window"),
-        ("deberta adds absolute positions only in the enhanced mask [MASK] .", "decoder"),
-        ("the [MASK] reads the whole sentence in both directions .", "encoder"),
-    ]
-    correct = 0
-    for text, answer in probes:
-        top = fill_mask(text, top_k=3)
-        guesses = ", ".join(f"{p['token_str']} ({p['score']:.2f})" for p in top)
-        correct += top[0]["token_str"] == answer
-        print(f"  {text}\n    -> {guesses}   [expected: {answer}]")
-    print(f"{correct}/{len(probes)} masks filled correctly")
+    sst2_step(args, args.output_dir / "sst2-roformer")
+    if not args.skip_qa:
+        qa_step(args, args.output_dir / "qa-littlebird")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,36 @@
-"""`make demo` runs end to end: trains, saves, reloads through AutoModel and fills masks correctly."""
+"""`make demo` runs end to end (with fewer training steps): SST-2 through posformers-glue, a reload through
+AutoModelForSequenceClassification, two classified sentences, then long-document QA through posformers-qa."""
+
+import json
+import re
 
 import pytest
 
 from posformers import demo
 
 
-def test_demo_fills_masks_after_training(tmp_path, capsys):
-    demo.main(["--output-dir", str(tmp_path / "out")])
+@pytest.mark.slow
+def test_demo_trains_reloads_classifies_and_answers(tmp_path, capsys):
+    out = tmp_path / "demo"
+    demo.main(["--output-dir", str(out), "--epochs", "1", "--train-samples", "256", "--qa-epochs", "1"])
     printed = capsys.readouterr().out
-    assert "reloaded with AutoModelForMaskedLM as posformers.roformer" in printed
-    assert "4/4 masks filled correctly" in printed
-    assert (tmp_path / "out" / "model.safetensors").exists()
+
+    accuracy = float(re.search(r"SST-2 dev accuracy (\d\.\d+)", printed).group(1))
+    saved = json.loads((out / "sst2-roformer" / "eval_results.json").read_text())
+    assert saved["eval_samples"] == 872  # the whole official dev set
+    assert accuracy == pytest.approx(saved["eval_accuracy"], abs=5e-4)
+    assert (out / "sst2-roformer" / "model.safetensors").exists()
+    assert "reloaded with AutoModelForSequenceClassification as posformers.roformer" in printed
+    assert len(re.findall(r"-> (positive|negative) \(\d\.\d\d\)", printed)) == 2
+
+    em, f1 = (float(x) for x in re.search(r"exact match (\d+\.\d), F1 (\d+\.\d)", printed).groups())
+    assert 0 <= em <= f1 <= 100
+    assert (out / "qa-littlebird" / "model.safetensors").exists()
 
 
 def test_demo_never_writes_into_a_folder_it_did_not_make(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(SystemExit, match="was not made by this demo"):
-        demo.main(["--output-dir", str(tmp_path), "--steps", "1"])
+        demo.main(["--output-dir", str(tmp_path), "--train-samples", "8", "--skip-qa"])
     assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt"]
