@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 write_predictions(path, [example.idx for example in table.examples], predictions, label_names)
                 logger.info("wrote %s", path)
 
-    if training_args.push_to_hub and trainer.is_world_process_zero():
+    if training_args.push_to_hub:  # on every process: it saves first (a collective under FSDP), then rank 0 uploads
         card = {"finetuned_from": model_args.model_name_or_path, "tasks": "text-classification"}
         if task is not None:
             card.update(language="en", dataset_tags="glue", dataset_args=task.name, dataset=f"GLUE {task.name.upper()}")
