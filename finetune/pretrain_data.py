@@ -17,9 +17,12 @@ padded except the last chunk of each map batch (1000 documents).
 Masking: `mlm_probability` of the real tokens (whole words with `whole_word_masking`: a word is a pre-tokenizer word
 of the fast tokenizer, i.e. WordPiece's `##` continuations or SentencePiece's pieces without `▁` stay with their
 word) are selected; of those, `mask_replace_prob` become the mask token, `random_replace_prob` a random token, the
-rest keep their token (BERT's 80/10/10 by default; RTD uses 100% mask, as the official DeBERTa-v3 code). Training
-batches draw from torch's global RNG, which Trainer seeds and restores when resuming; held-out batches are masked
-with a generator seeded from each example's tokens, so every evaluation of a run sees the same masks.
+rest keep their token (BERT's 80/10/10 by default; RTD uses 100% mask, as the official DeBERTa-v3 code). The script's
+training masks come from a generator seeded by (seed, epoch, the example's tokens): new masks every epoch, and a
+resumed run masks exactly as the interrupted one would have (torch's global RNG would not do: the data loader collates
+a batch ahead, before Trainer restores the RNG state of the checkpoint). Held-out examples carry a fixed seed
+(`fix_masks`), so every evaluation of a run sees the same masks. Without a seed the collator draws from the global
+RNG.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
+import math
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, TrainerCallback
 
 from .common import ArgumentError, DataError
 
@@ -372,7 +376,9 @@ class MaskingCollator:
     """Pads packed sequences and masks them for MLM. Features: dicts with input_ids (and word_starts).
 
     Batch: input_ids, attention_mask (B, L) and labels (B, L): the original id at selected positions, -100 elsewhere.
-    Examples with a "mask_seed" (see `fix_masks`) are masked with a generator seeded by it and their tokens.
+    Examples with a "mask_seed" (see `fix_masks`) are masked with a generator seeded by it and their tokens; the
+    others with one seeded by `seed`, `epoch` (set by `MaskEpochCallback`) and their tokens, or, when `seed` is None,
+    from torch's global RNG.
     """
 
     def __init__(
@@ -383,6 +389,7 @@ class MaskingCollator:
         mask_replace_prob: float = 0.8,
         random_replace_prob: float = 0.1,
         pad_to_multiple_of: int | None = None,
+        seed: int | None = None,
     ):
         if tokenizer.mask_token_id is None:
             raise ArgumentError("masked-language-model pre-training needs a tokenizer with a mask token")
@@ -391,7 +398,7 @@ class MaskingCollator:
         self.tokenizer = tokenizer
         self.mlm_probability, self.whole_word_masking = mlm_probability, whole_word_masking
         self.mask_replace_prob, self.random_replace_prob = mask_replace_prob, random_replace_prob
-        self.pad_to_multiple_of = pad_to_multiple_of
+        self.pad_to_multiple_of, self.seed, self.epoch = pad_to_multiple_of, seed, 0
         self.special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)))
         self.vocab_size = len(tokenizer)
 
@@ -430,11 +437,24 @@ class MaskingCollator:
             generator = None
             if feature.get(MASK_SEED) is not None:  # a held-out example: the same masks at every evaluation
                 generator = _example_generator(feature["input_ids"], feature[MASK_SEED])
+            elif self.seed is not None:
+                generator = _example_generator(feature["input_ids"], self.seed * 65_537 + self.epoch)
             starts = word_starts[row] if word_starts is not None else None
             selected = select_positions(candidates[row], starts, self.mlm_probability, generator)
             labels[row][selected] = input_ids[row][selected]
             input_ids[row] = self._replace(input_ids[row], selected, generator)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class MaskEpochCallback(TrainerCallback):
+    """Tells a seeded MaskingCollator the epoch, so that each epoch masks every example anew."""
+
+    def __init__(self, collator: MaskingCollator):
+        self.collator = collator
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        # state.epoch is fractional when resuming mid-epoch; the small margin guards float sums like 0.999999
+        self.collator.epoch = math.floor((state.epoch or 0) + 1e-6)
 
 
 def fix_masks(split, seed: int):

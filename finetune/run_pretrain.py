@@ -51,6 +51,7 @@ from .common import (
     setup_logging,
 )
 from .pretrain_data import (
+    MaskEpochCallback,
     MaskingCollator,
     PretrainDataArguments,
     fix_masks,
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         data_args.mlm_probability,
         data_args.whole_word_masking,
         pad_to_multiple_of=8 if training_args.fp16 or training_args.bf16 else None,
+        seed=training_args.seed,
         **replace,
     )
     count_tokens(training_args)
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         data_collator=collator,
         compute_metrics=metrics_fn,
         preprocess_logits_for_metrics=preprocess,
-        callbacks=[ThroughputCallback()],
+        callbacks=[ThroughputCallback(), MaskEpochCallback(collator)],
     )
 
     results: dict[str, float] = {}
