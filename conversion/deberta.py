@@ -24,6 +24,17 @@ fused `in_proj` layout), so the mapping is mostly accounting. Which head the out
   absolute position table `deberta.embeddings.position_embeddings.weight` that the encoder itself does not add;
 * else `DebertaModel`. `--head` overrides the choice; what a head does not use is dropped with the reason.
 
+Fine-tuned checkpoints (microsoft/deberta-large-mnli, deberta-v2-xlarge-mnli, ... and anything saved by transformers'
+DeBERTa task classes) become the posformers task class of the same names: `pooler.dense.*` + `classifier.*` ->
+`DebertaForSequenceClassification` (num_labels / id2label from config.json, else the classifier's rows),
+`classifier.*` alone -> `DebertaForTokenClassification`, `qa_outputs.*` -> `DebertaForQuestionAnswering`. The head
+comes from `architectures` in config.json when it names one of these classes, else from the tensors. (For pretraining
+checkpoints the tensors decide: their configs do not name the RTD head, which transformers lacks.)
+
+Some safetensors files carry the word embeddings twice, also as `deberta.embeddings.word_embeddings._weight`: that
+alias is dropped after checking that it equals `word_embeddings.weight`, and used as `word_embeddings.weight` when it
+is the only copy.
+
 Verification runs transformers' DebertaModel / DebertaV2Model on weights that transformers loads strictly under its
 own names (`transformers_weights`, a table separate from the conversion's), and compares every hidden state. The
 heads have no transformers counterpart that computes what the official models compute (transformers' MLM head has no
@@ -52,8 +63,30 @@ from posformers.conversion import core
 from posformers.conversion.core import ConversionError, log
 
 HELP = "DeBERTa v1/v2/v3/mdeberta: HF-format checkpoints or the microsoft/DeBERTa repository's"
-HEADS = ("auto", "model", "masked-lm", "rtd")
-HEAD_CLASSES = {"model": "DebertaModel", "masked-lm": "DebertaForMaskedLM", "rtd": "DebertaForReplacedTokenDetection"}
+TASK_HEADS = {  # head -> (posformers class, its tensors besides the encoder, as a regex)
+    "sequence-classification": ("DebertaForSequenceClassification", r"(pooler\.dense|classifier)\.(weight|bias)"),
+    "token-classification": ("DebertaForTokenClassification", r"classifier\.(weight|bias)"),
+    "question-answering": ("DebertaForQuestionAnswering", r"qa_outputs\.(weight|bias)"),
+}
+HEAD_CLASSES = {
+    "model": "DebertaModel",
+    "masked-lm": "DebertaForMaskedLM",
+    "rtd": "DebertaForReplacedTokenDetection",
+    **{head: class_name for head, (class_name, _) in TASK_HEADS.items()},
+}
+HEADS = ("auto", *HEAD_CLASSES)
+# `architectures` entries of config.json (transformers' class names, v1 and v2) that decide the head.
+ARCHITECTURE_HEADS = {
+    f"{prefix}For{task}": head
+    for prefix in ("Deberta", "DebertaV2")
+    for task, head in (
+        ("SequenceClassification", "sequence-classification"),
+        ("TokenClassification", "token-classification"),
+        ("QuestionAnswering", "question-answering"),
+    )
+}
+WORD_EMBEDDINGS = "deberta.embeddings.word_embeddings.weight"
+WORD_EMBEDDINGS_ALIAS = "deberta.embeddings.word_embeddings._weight"  # a second name some safetensors files carry
 ORIGINAL_WEIGHTS = ("pytorch.model*.bin", "pytorch_model*.bin")
 OFFICIAL_EMD_STEPS = 2  # EnhancedMaskDecoder.emd_context_layer: `[encoder.layer[-1] for _ in range(2)]`
 
@@ -96,7 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--head",
         choices=HEADS,
         default="auto",
-        help="output class: auto (rtd if mask_predictions.*, else masked-lm if lm_predictions.*, else model)",
+        help="output class: auto (the task head named by `architectures` in config.json or held by the weights: "
+        "pooler + classifier, classifier, qa_outputs; else rtd if mask_predictions.*, else masked-lm if "
+        "lm_predictions.*, else model)",
     )
     parser.add_argument(
         "--vocab",
@@ -177,10 +212,37 @@ def normalize_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {(f"deberta.{key}" if key.startswith(("embeddings.", "encoder.")) else key): t for key, t in tensors.items()}
 
 
-def choose_head(tensors: dict[str, torch.Tensor], requested: str) -> str:
+def resolve_word_embeddings_alias(tensors: dict[str, torch.Tensor]) -> None:
+    """`deberta.embeddings.word_embeddings._weight` (in place): renamed to `...word_embeddings.weight` when it is the
+    only copy; otherwise left for the key map to drop, after checking that it holds the same values."""
+    if WORD_EMBEDDINGS_ALIAS not in tensors:
+        return
+    if WORD_EMBEDDINGS not in tensors:
+        tensors[WORD_EMBEDDINGS] = tensors.pop(WORD_EMBEDDINGS_ALIAS)
+        log(f"note: {WORD_EMBEDDINGS_ALIAS} is the only copy of the word embeddings; used as {WORD_EMBEDDINGS}")
+    elif not torch.equal(tensors[WORD_EMBEDDINGS_ALIAS], tensors[WORD_EMBEDDINGS]):
+        raise ConversionError(
+            f"{WORD_EMBEDDINGS_ALIAS} differs from {WORD_EMBEDDINGS}; an alias must hold the same values, so the "
+            "checkpoint is inconsistent and it is not clear which table the model used"
+        )
+
+
+def _task_head_in(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The task head the tensors hold, if any: pooler + classifier, classifier alone, or qa_outputs."""
+    if "qa_outputs.weight" in tensors:
+        return "question-answering"
+    if "classifier.weight" in tensors:
+        return "sequence-classification" if "pooler.dense.weight" in tensors else "token-classification"
+    return None
+
+
+def choose_head(tensors: dict[str, torch.Tensor], requested: str, architectures: list | None = None) -> str:
     has_lm = any(key.startswith("lm_predictions.") for key in tensors)
     has_rtd = any(key.startswith("mask_predictions.") for key in tensors)
     if requested == "auto":
+        named = next((ARCHITECTURE_HEADS[name] for name in architectures or () if name in ARCHITECTURE_HEADS), None)
+        if named or (named := _task_head_in(tensors)):
+            return named
         return "rtd" if has_rtd else "masked-lm" if has_lm else "model"
     if requested == "masked-lm" and not has_lm:
         raise ConversionError("--head masked-lm: the source has no lm_predictions.* tensors (no MLM head)")
@@ -211,12 +273,25 @@ def posformers_config(official: dict):
         raise ConversionError(f"the source config is not a valid DeBERTa config: {error}") from error
 
 
-def key_map(head: str, keeps_positions: bool) -> core.KeyMap:
+def key_map(head: str, keeps_positions: bool, drop_task_heads: bool = False) -> core.KeyMap:
     """Official names -> posformers names for the `head` output. keeps_positions: the output reads the absolute
-    position table (input bias, or the Enhanced Mask Decoder)."""
+    position table (input bias, or the Enhanced Mask Decoder). drop_task_heads: drop (with the reason) the tensors of
+    task heads other than `head` instead of stopping on them (when the user chose `--head` explicitly)."""
     base = "" if head == "model" else "deberta."  # DebertaModel's own keys have no prefix
     rules = [(r"deberta\.(.+)", rf"{base}\1")]
-    dropped = {r"deberta\.embeddings\.position_ids": "buffer of positions 0..n-1, not a weight"}
+    dropped = {
+        r"deberta\.embeddings\.position_ids": "buffer of positions 0..n-1, not a weight",
+        r"deberta\.embeddings\.word_embeddings\._weight": (
+            "second name of the word embeddings some safetensors files carry (checked equal to "
+            "deberta.embeddings.word_embeddings.weight)"
+        ),
+    }
+    if head in TASK_HEADS:
+        rules.append((TASK_HEADS[head][1], r"\g<0>"))  # posformers' task heads use transformers' names
+    elif drop_task_heads:
+        dropped[r"(pooler\.dense|classifier|qa_outputs)\.(weight|bias)"] = (
+            f"fine-tuned task head: not part of the {HEAD_CLASSES[head]} output (--head chose it)"
+        )
     if not keeps_positions:
         dropped[r"deberta\.embeddings\.position_embeddings\.weight"] = (
             "absolute position table, read only by the Enhanced Mask Decoder of the MLM head; the "
@@ -339,12 +414,24 @@ def write_bpe_files(encoder_file: Path, directory: Path) -> None:
 def transformers_weights(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
     """Source tensors grouped under transformers' names, independently of `key_map`: "encoder" (DebertaModel /
     DebertaV2Model keys), "lm_head" (the non-legacy `lm_predictions.lm_head` of transformers' ...ForMaskedLM),
-    "mask_predictions" (the RTD head, for the official head's formula) and "positions" (the absolute table)."""
-    groups: dict[str, dict[str, torch.Tensor]] = {"encoder": {}, "lm_head": {}, "mask_predictions": {}, "positions": {}}
+    "mask_predictions" (the RTD head, for the official head's formula), "positions" (the absolute table) and
+    "task_head" (`pooler.*`, `classifier.*`, `qa_outputs.*` of transformers' task classes, full names)."""
+    groups: dict[str, dict[str, torch.Tensor]] = {
+        "encoder": {},
+        "lm_head": {},
+        "mask_predictions": {},
+        "positions": {},
+        "task_head": {},
+    }
+    tensors = dict(tensors)
+    resolve_word_embeddings_alias(tensors)
+    tensors.pop(WORD_EMBEDDINGS_ALIAS, None)
     for key, tensor in tensors.items():
         tensor = tensor.float()
         if key == "deberta.embeddings.position_embeddings.weight":
             groups["positions"]["weight"] = tensor
+        if key.startswith(("pooler.", "classifier.", "qa_outputs.")):
+            groups["task_head"][key] = tensor
         if key.startswith("deberta.") and not key.endswith("position_ids"):
             groups["encoder"][key.removeprefix("deberta.")] = tensor
         elif key.startswith("lm_predictions.lm_head."):
@@ -365,9 +452,10 @@ def transformers_config(official: dict):
     return config_class(**fields, legacy=False)
 
 
-def load_reference(official: dict, weights: dict[str, dict[str, torch.Tensor]], with_lm_head: bool):
-    """transformers' base model (or ...ForMaskedLM with its non-legacy head) holding the source weights, loaded
-    strictly: a tensor transformers does not expect, or one it lacks, stops the verification with its name."""
+def load_reference(official: dict, weights: dict[str, dict[str, torch.Tensor]], with_lm_head: bool, task: str = ""):
+    """transformers' base model (or ...ForMaskedLM with its non-legacy head, or the task class `...For<task>`) holding
+    the source weights, loaded strictly: a tensor transformers does not expect, or one it lacks, stops the
+    verification with its name."""
     import transformers
 
     config = transformers_config(official)
@@ -376,7 +464,11 @@ def load_reference(official: dict, weights: dict[str, dict[str, torch.Tensor]], 
     encoder = weights["encoder"]
     if not config.position_biased_input:
         encoder = {key: value for key, value in encoder.items() if key != "embeddings.position_embeddings.weight"}
-    if with_lm_head:
+    if task:
+        model_class = getattr(transformers, f"{prefix}For{task}")
+        state = {f"deberta.{key}": value for key, value in encoder.items()}
+        state.update(weights["task_head"])
+    elif with_lm_head:
         model_class = getattr(transformers, f"{prefix}ForMaskedLM")
         state = {f"deberta.{key}": value for key, value in encoder.items()}
         state.update({f"lm_predictions.lm_head.{key}": value for key, value in weights["lm_head"].items()})
@@ -492,12 +584,13 @@ def verify(model, head: str, official: dict, weight_source: Path) -> dict[str, f
     """Run posformers' model and the transformers reference on one fixed batch; print and return the diffs."""
     config = model.config
     weights = transformers_weights(normalize_keys(core.load_tensors(weight_source)))
-    reference = load_reference(official, weights, with_lm_head=head == "masked-lm")
+    task = HEAD_CLASSES[head].removeprefix("DebertaFor") if head in TASK_HEADS else ""
+    reference = load_reference(official, weights, with_lm_head=head == "masked-lm", task=task)
     batch = core.verification_batch(config.vocab_size, config.type_vocab_size)
     mask = batch["attention_mask"]
     with torch.no_grad():
         ours = model(**batch, output_hidden_states=True)
-        base = reference.deberta if head == "masked-lm" else reference
+        base = reference.deberta if head == "masked-lm" or task else reference
         expected = base(**batch, output_hidden_states=True)
 
         def stacked(states):
@@ -531,6 +624,21 @@ def verify(model, head: str, official: dict, weight_source: Path) -> dict[str, f
         elif head == "rtd":
             logits = reference_rtd_logits(expected.last_hidden_state, weights["mask_predictions"], config)
             pairs["RTD logits"] = (core.masked_hidden(ours.logits, mask), core.masked_hidden(logits, mask))
+        elif head == "sequence-classification":
+            pairs["sequence classification logits"] = (ours.logits, reference(**batch).logits)
+        elif head == "token-classification":
+            logits = reference(**batch).logits
+            pairs["token classification logits"] = (
+                core.masked_hidden(ours.logits, mask),
+                core.masked_hidden(logits, mask),
+            )
+        elif head == "question-answering":
+            output = reference(**batch)
+            for name in ("start_logits", "end_logits"):
+                pairs[f"QA {name.replace('_', ' ')}"] = (
+                    core.masked_hidden(getattr(ours, name), mask),
+                    core.masked_hidden(getattr(output, name), mask),
+                )
     return core.compare_outputs(pairs)
 
 
@@ -553,14 +661,18 @@ def convert(args: argparse.Namespace) -> int:
         tokenizer_dir = weight_source.parent
         tensors = normalize_keys(core.load_tensors(weight_source))
         official = read_original_config(weight_source, tensors)
-    head = choose_head(tensors, args.head)
+    resolve_word_embeddings_alias(tensors)
+    head = choose_head(tensors, args.head, official.get("architectures"))
+    labelled = head in ("sequence-classification", "token-classification") and "classifier.weight" in tensors
+    if labelled and not {"id2label", "num_labels"} & set(official):  # no labels in config.json: the classifier's rows
+        official = {**official, "num_labels": tensors["classifier.weight"].shape[0]}
     config = posformers_config(official)
     model_class = getattr(posformers, HEAD_CLASSES[head])
     keeps_positions = config.position_biased_input or (head == "masked-lm" and config.uses_emd)
     version = "v1" if official["model_type"] == "deberta" else "v2/v3"
     log(f"source: DeBERTa {version} ({args.source_format} format) {source} -> {model_class.__name__}")
 
-    target, report = key_map(head, keeps_positions).apply(tensors)
+    target, report = key_map(head, keeps_positions, drop_task_heads=args.head != "auto").apply(tensors)
     log(report.summary())
     stored_dtypes = sorted({str(tensor.dtype).removeprefix("torch.") for tensor in target.values()})
     for key in list(target):  # fp16 storage: compute and verify in fp32; --dtype decides what is saved

@@ -6,6 +6,9 @@ hf v2: microsoft/deberta-v2-xlarge (log buckets, the convolution layer, `lm_pred
 hf v3: microsoft/deberta-v3-* (model.safetensors in fp16 with both `lm_predictions` and `mask_predictions`; spm.model).
 original v1 / v3: the microsoft/DeBERTa release assets (pytorch.model.bin + model_config.json + bpe_encoder.bin;
     pytorch_model.bin carrying its config + spm.model; the RTD classifier spelled `classifer`).
+fine-tuned: microsoft/deberta-large-mnli and deberta-v2-xlarge-mnli (config.json with `architectures` and
+    `id2label`, `pooler.dense.*` + `classifier.*`), and token classification / QA fine-tunes of v3 (`classifier.*`,
+    `qa_outputs.*`), one with the `word_embeddings._weight` alias some safetensors files carry.
 The SentencePiece models are trained here on ../shared/data/glue/sst2 text.
 """
 
@@ -19,7 +22,16 @@ from safetensors.torch import save_file
 
 import posformers
 
-from .conftest import SHARED_DATA, VOCAB_DIR, check_overwrite_behaviour, load_with_remote_code, run_in_process
+from .conftest import (
+    SHARED_DATA,
+    VOCAB_DIR,
+    ConvertResult,
+    check_overwrite_behaviour,
+    load_all_with_remote_code,
+    load_with_remote_code,
+    run_convert,
+    run_in_process,
+)
 
 VERIFY_TOLERANCE = 1e-5
 TEXT = "the movie was not as good as the book"
@@ -175,9 +187,11 @@ def write_bpe_encoder(path):
     return {gpt2_id: 4 + rank for rank, gpt2_id in enumerate(order)}  # GPT-2 id -> DeBERTa id
 
 
-def write_original_v1(directory):
+def write_original_v1(directory, edit=None):
     directory.mkdir(parents=True)
     state = {**random_encoder(V1_CONFIG), **lm_head()}
+    if edit:
+        edit(state)
     torch.save(state, directory / "pytorch.model.bin")
     (directory / "model_config.json").write_text(json.dumps(original_config(V1_CONFIG)))
     return state, write_bpe_encoder(directory / "bpe_encoder.bin")
@@ -270,10 +284,31 @@ def test_hf_v3_discriminator_gives_rtd_and_loads_with_remote_code(workdir, conve
     assert "MLM logits (Enhanced Mask Decoder" in printed and "replaced token detection head" in printed
 
 
-def test_original_v1_release_with_bpe_encoder(workdir, convert):
-    source, output = workdir / "deberta-base-original", workdir / "out"
+def convert_once(tmp_path_factory, name: str, source, extra_args=()):
+    """Run the console command once per module on `source` into a directory `name`: (args, output, result)."""
+    base = tmp_path_factory.mktemp(name)
+    output = base / name
+    args = ["deberta", "--from", "original" if "original" in name else "hf", "--source", source, "--output", output]
+    args += list(extra_args)
+    return args, output, run_convert(args, hf_home=base / "hf-home").check()
+
+
+@pytest.fixture(scope="module")
+def original_v1_converted(tmp_path_factory):
+    source = tmp_path_factory.mktemp("sources") / "deberta-base-original"
     state, deberta_id = write_original_v1(source)
-    result = convert("deberta", "--from", "original", "--source", source, "--output", output).check()
+    return (*convert_once(tmp_path_factory, "deberta-base-from-original", source), state, deberta_id)
+
+
+@pytest.fixture(scope="module")
+def original_v3_converted(tmp_path_factory, spm_model):
+    source = tmp_path_factory.mktemp("sources") / "deberta-v3-original"
+    state = write_original_v3(source, spm_model)
+    return (*convert_once(tmp_path_factory, "deberta-v3-from-original", source / "pytorch_model.bin"), state)
+
+
+def test_original_v1_release_with_bpe_encoder(original_v1_converted):
+    _, output, result, state, deberta_id = original_v1_converted
     assert_verified(result, "hidden states", "MLM logits (Enhanced Mask Decoder, 2 steps)")
     model = posformers.DebertaForMaskedLM.from_pretrained(output)
     key = "deberta.encoder.layer.0.attention.self.pos_q_proj.bias"
@@ -286,17 +321,192 @@ def test_original_v1_release_with_bpe_encoder(workdir, convert):
     assert tokenizer.convert_tokens_to_ids("[MASK]") == 4 + len(deberta_id)
 
 
-def test_original_v3_release_with_config_inside_the_state(workdir, convert, spm_model):
-    source, output = workdir / "deberta-v3-original", workdir / "out"
-    state = write_original_v3(source, spm_model)
-    result = convert("deberta", "--from", "original", "--source", source / "pytorch_model.bin", "--output", output)
-    result.check()
+def test_original_v3_release_with_config_inside_the_state(original_v3_converted):
+    _, output, result, state = original_v3_converted
     assert_verified(result, "hidden states", "RTD logits")
     assert "config" in result.stdout  # the non-tensor entry is reported, not loaded as a weight
     model = posformers.DebertaForReplacedTokenDetection.from_pretrained(output)
     assert model.config.position_buckets == 16 and model.config.share_att_key
     assert_weights_equal(model, state, {"mask_predictions.classifier.bias": "mask_predictions.classifer.bias"})
     assert transformers.AutoTokenizer.from_pretrained(output).tokenize(TEXT)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Fine-tuned checkpoints: classification, token classification and QA heads
+# ---------------------------------------------------------------------------------------------------------------------
+
+MNLI_LABELS = {"0": "CONTRADICTION", "1": "NEUTRAL", "2": "ENTAILMENT"}
+# microsoft/deberta-large-mnli's config.json fields beyond the encoder's, at a tiny size
+MNLI_FIELDS = {
+    "architectures": ["DebertaForSequenceClassification"],
+    "id2label": MNLI_LABELS,
+    "label2id": {label: int(i) for i, label in MNLI_LABELS.items()},
+    "pooler_dropout": 0,
+    "pooler_hidden_act": "gelu",
+    "pooler_hidden_size": 32,
+}
+TASK_TENSORS = {
+    "sequence": {"pooler.dense.weight": (32, 32), "pooler.dense.bias": (32,), "classifier.weight": (3, 32)},
+    "token": {"classifier.weight": (5, 32), "classifier.bias": (5,)},
+    "qa": {"qa_outputs.weight": (2, 32), "qa_outputs.bias": (2,)},
+}
+TASK_TENSORS["sequence"]["classifier.bias"] = (3,)
+
+
+def random_batch(vocab_size: int = 128) -> dict[str, torch.Tensor]:
+    """Two rows of ids inside the tiny vocabulary (the GPT-2 tokenizer's ids are not), the second one half padding."""
+    input_ids = torch.randint(4, vocab_size, (2, 10), generator=torch.Generator().manual_seed(6))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 5:] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def write_finetuned(directory, config: dict, task: str, spm_model=None, edit=None):
+    """A fine-tuned checkpoint as transformers' DeBERTa task classes save it: encoder + the task head, fp16,
+    pytorch_model.bin for v1 (with GPT-2 BPE files), model.safetensors for v2/v3 (with spm.model)."""
+    directory.mkdir(parents=True)
+    state = fp16({**random_encoder(config), **random_head("", TASK_TENSORS[task], seed=5)})
+    state = {key.removeprefix("."): value for key, value in state.items()}
+    if edit:
+        edit(state)
+    (directory / "config.json").write_text(json.dumps(config))
+    if config["model_type"] == "deberta":
+        torch.save(state, directory / "pytorch_model.bin")
+        for name in ("vocab.json", "merges.txt"):
+            shutil.copy(VOCAB_DIR / "gpt2" / name, directory / name)
+    else:
+        save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        shutil.copy(spm_model, directory / "spm.model")
+    return state
+
+
+@pytest.fixture(scope="module")
+def mnli_converted(tmp_path_factory):
+    """microsoft/deberta-large-mnli in miniature, converted by the console command."""
+    source = tmp_path_factory.mktemp("sources") / "deberta-large-mnli"
+    write_finetuned(source, {**V1_CONFIG, **MNLI_FIELDS}, "sequence")
+    return (*convert_once(tmp_path_factory, "deberta-large-mnli-posformers", source), source)
+
+
+def test_mnli_checkpoint_becomes_sequence_classification_with_its_labels(mnli_converted):
+    _, output, result, source = mnli_converted
+    table = assert_verified(result, "hidden states", "sequence classification logits")
+    assert "absolute position table" in result.stdout  # dropped: position_biased_input is false
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(output).eval()
+    assert isinstance(model, posformers.DebertaForSequenceClassification)
+    assert model.config.id2label == {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"}, model.config.id2label
+    # transformers' own class on the source directory, independently of the converter's verification
+    reference = transformers.DebertaForSequenceClassification.from_pretrained(source, dtype=torch.float32).eval()
+    assert transformers.AutoTokenizer.from_pretrained(output).tokenize(TEXT)
+    inputs = random_batch()
+    with torch.no_grad():
+        diff = (model(**inputs).logits - reference(**inputs).logits).abs().max().item()
+    assert diff <= VERIFY_TOLERANCE and table["sequence classification logits"] <= VERIFY_TOLERANCE, diff
+
+
+def test_v2_mnli_safetensors_with_word_embeddings_alias_and_no_labels(workdir, spm_model, capsys):
+    """deberta-v2-xlarge-mnli's layout in safetensors carrying `word_embeddings._weight` beside the table; no
+    id2label in config.json, so the classifier's three rows decide num_labels."""
+    source, output = workdir / "deberta-v2-xlarge-mnli", workdir / "out"
+    alias = "deberta.embeddings.word_embeddings._weight"
+    config = {**V2_CONFIG, "architectures": ["DebertaV2ForSequenceClassification"]}
+    write_finetuned(
+        source, config, "sequence", spm_model, edit=lambda s: s.__setitem__(alias, s[alias.replace("._", ".")].clone())
+    )
+    code, printed = run_in_process(capsys, "deberta", "--from", "hf", "--source", source, "--output", output)
+    assert code == 0, printed
+    assert f"dropped {alias}: second name of the word embeddings" in printed
+    assert_verified(ConvertResult(code, printed, ""), "hidden states", "sequence classification logits")
+    model = posformers.DebertaForSequenceClassification.from_pretrained(output)
+    assert model.config.num_labels == 3 and model.config.conv_kernel_size == 3
+
+    # an alias that differs from the table it names is an inconsistent checkpoint: refused with both keys named
+    shutil.rmtree(source)
+    write_finetuned(
+        source, config, "sequence", spm_model, edit=lambda s: s.__setitem__(alias, s[alias.replace("._", ".")] + 1)
+    )
+    code, printed = run_in_process(capsys, "deberta", "--from", "hf", "--source", source, "--output", workdir / "o2")
+    assert code == 1 and f"{alias} differs from deberta.embeddings.word_embeddings.weight" in printed, printed
+
+
+@pytest.mark.parametrize(
+    ("task", "architectures", "rows", "class_name"),
+    [
+        ("token", None, ["token classification logits"], "DebertaForTokenClassification"),
+        ("qa", ["DebertaV2ForQuestionAnswering"], ["QA start logits", "QA end logits"], "DebertaForQuestionAnswering"),
+    ],
+)
+def test_v3_token_classification_and_qa_fine_tunes(task, architectures, rows, class_name, workdir, spm_model, capsys):
+    """Token classification inferred from the tensors (`classifier.*` without a pooler, no `architectures`); QA from
+    `architectures`; the QA checkpoint keeps its word embeddings only under the `_weight` alias."""
+    source, output = workdir / f"deberta-v3-{task}", workdir / "out"
+    config = {**V3_CONFIG, **({"architectures": architectures} if architectures else {})}
+    alias = "deberta.embeddings.word_embeddings._weight"
+    edit = (lambda s: s.__setitem__(alias, s.pop(alias.replace("._", ".")))) if task == "qa" else None
+    state = write_finetuned(source, config, task, spm_model, edit)
+    code, printed = run_in_process(capsys, "deberta", "--from", "hf", "--source", source, "--output", output)
+    assert code == 0, printed
+    table = assert_verified(ConvertResult(code, printed, ""), "hidden states", *rows)
+    assert {*rows} <= set(table), table
+    model = getattr(posformers, class_name).from_pretrained(output)
+    head = "qa_outputs" if task == "qa" else "classifier"
+    assert torch.equal(model.state_dict()[f"{head}.weight"], state[f"{head}.weight"].float())
+    if task == "token":
+        assert model.config.num_labels == 5
+    else:
+        assert "used as deberta.embeddings.word_embeddings.weight" in printed
+        assert torch.equal(model.deberta.embeddings.word_embeddings.weight, state[alias].float())
+
+
+def test_architectures_decides_the_head(workdir, spm_model, capsys):
+    """config.json names the token classifier, but the weights hold a pooler too: the pooler is named, not silently
+    taken as a sequence classifier; `--head model` keeps the encoder and drops the head with the reason."""
+    source = workdir / "deberta-v3-ner"
+    write_finetuned(source, {**V3_CONFIG, "architectures": ["DebertaV2ForTokenClassification"]}, "sequence", spm_model)
+    code, printed = run_in_process(capsys, "deberta", "--from", "hf", "--source", source, "--output", workdir / "o")
+    assert code == 1 and "pooler.dense.weight" in printed and "Traceback" not in printed, printed
+    args = ["deberta", "--from", "hf", "--source", source, "--output", workdir / "o", "--head", "model"]
+    code, printed = run_in_process(capsys, *args)
+    assert code == 0 and "fine-tuned task head: not part of the DebertaModel output" in printed, printed
+
+
+def test_original_and_finetuned_outputs_load_with_remote_code_and_respect_overwrite(
+    original_v1_converted, original_v3_converted, mnli_converted, workdir, convert_here
+):
+    """The three outputs in one fresh process without posformers (trust_remote_code); then --overwrite on the
+    --from original output."""
+    outputs = {
+        "AutoModelForMaskedLM": original_v1_converted[1],
+        "AutoModelForPreTraining": original_v3_converted[1],
+        "AutoModelForSequenceClassification": mnli_converted[1],
+    }
+    jobs, expected = [], []
+    for auto_name, output in outputs.items():
+        model = getattr(transformers, auto_name).from_pretrained(output).eval()
+        inputs = random_batch()
+        with torch.no_grad():
+            expected.append(model(**inputs).logits)
+        jobs.append((output, auto_name, inputs))
+    for remote, logits in zip(load_all_with_remote_code(jobs, workdir), expected, strict=True):
+        assert (remote["logits"] - logits).abs().max().item() <= VERIFY_TOLERANCE
+    args, output, *_ = original_v1_converted
+    check_overwrite_behaviour(convert_here, args, output)
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda s: s.__setitem__("deberta.encoder.layer.1.attention.self.extra_bias", torch.ones(2)), "extra_bias"),
+        (lambda s: s.pop("deberta.encoder.layer.0.attention.self.pos_proj.weight"), "pos_proj.weight"),
+    ],
+    ids=["extra", "missing"],
+)
+def test_original_accounting_stops_with_the_key_named(edit, named, workdir, capsys):
+    source, output = workdir / "deberta-base-original", workdir / "out"
+    write_original_v1(source, edit)
+    code, printed = run_in_process(capsys, "deberta", "--from", "original", "--source", source, "--output", output)
+    assert code == 1 and named in printed and "Traceback" not in printed, printed
+    assert not output.exists()
 
 
 @pytest.mark.parametrize(
@@ -352,8 +562,8 @@ def test_verification_catches_what_the_mapping_or_config_gets_wrong(change, fail
     if change == "swap-biases":
         original_key_map = deberta.key_map
 
-        def swapped(*args):
-            keys = original_key_map(*args)
+        def swapped(*args, **kwargs):
+            keys = original_key_map(*args, **kwargs)
             swap = {"q_bias": "v_bias", "v_bias": "q_bias"}
             rule = (
                 r"deberta\.encoder\.layer\.1\.attention\.self\.(q_bias|v_bias)",
