@@ -97,8 +97,9 @@ TF_DROPPED = {
     ),
     r"global_step|bad_steps|good_steps|loss_scale|.*/(accum_grad|moving_average)(/.*)?": "training bookkeeping",
     r"bert/pooler/dense/(kernel|bias)": (
-        "BERT-style pooler (the sim models' sentence vector): posformers' RoFormer, like transformers', has no "
-        "pooler; take the [CLS] hidden state or add your own head"
+        "BERT-style pooler: posformers' RoFormer, like transformers', has none. The sim models' sentence vector is "
+        "this dense layer, without activation, on the [CLS] hidden state: apply it from the source checkpoint (see "
+        "the README, 'Converting official checkpoints')"
     ),
     r"cls/seq_relationship/.*": "next-sentence-prediction head, not used by RoFormer",
 }
