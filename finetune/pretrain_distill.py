@@ -185,9 +185,10 @@ class PaddingInsertionCollator:
         clean batch's tokens with attention_mask 1, in order, from position 0.
     probability, min_length, max_length, mean_run_length: the Padding Insertion recipe (see the module docstring).
     pad_to_multiple_of: round the student's length up (e.g. to LittleBird's block size).
-    generator: random source of the insertions (default: torch's global RNG, which Trainer seeds and restores on
-        resume). Features carrying a "mask_seed" (held-out examples) use one seeded by it and their tokens instead,
-        so every evaluation sees the same insertions.
+    generator: random source of the insertions. Without one, an example is seeded like its masks when the base
+        collator is a seeded MaskingCollator (by seed, epoch and its tokens: a resumed run inserts as the interrupted
+        one did), else torch's global RNG is used. Features carrying a "mask_seed" (held-out examples) always use one
+        seeded by it and their tokens, so every evaluation sees the same insertions.
 
     Returns the batch described in the module docstring.
     """
@@ -217,8 +218,15 @@ class PaddingInsertionCollator:
         self.generator = generator
 
     def _generator_for(self, feature: dict) -> torch.Generator | None:
-        if isinstance(feature, dict) and feature.get(MASK_SEED) is not None:
+        """The random source of one example: seeded like its masks where the base collator seeds those."""
+        if feature.get(MASK_SEED) is not None:
             return _example_generator(list(feature["input_ids"]), feature[MASK_SEED] + INSERTION_SEED_OFFSET)
+        seed = getattr(self.base_collator, "seed", None)
+        if self.generator is None and seed is not None:
+            # as MaskingCollator's training masks: per (seed, epoch, example), so a resumed run inserts as the
+            # interrupted one did
+            epoch_seed = seed * 65_537 + getattr(self.base_collator, "epoch", 0)
+            return _example_generator(list(feature["input_ids"]), epoch_seed + INSERTION_SEED_OFFSET)
         return self.generator
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:

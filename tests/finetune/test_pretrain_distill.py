@@ -449,3 +449,18 @@ def test_student_and_teacher_that_cannot_be_compared_are_refused(tokenizer, tmp_
         distill_trainer(tokenizer, tiny_teacher(vocab, 64), tiny_student(vocab), [], [], tmp_path, distill_args=wide)
     with pytest.raises(ArgumentError, match="must be a LittleBirdForMaskedLM"):
         distill_trainer(tokenizer, tiny_teacher(vocab), tiny_teacher(vocab), [], [], tmp_path)
+
+
+def test_insertions_follow_a_seeded_masking_collator_per_epoch_and_stay_fixed_on_held_out_examples(tokenizer):
+    features = sentence_features(tokenizer, 8)
+    masking = MaskingCollator(tokenizer, seed=3)
+    collator = PaddingInsertionCollator(tokenizer, base_collator=masking, max_length=128)
+    first, again = collator(features), collator(features)
+    for key in ("input_ids", "attention_mask", "labels", "position_map"):
+        assert torch.equal(first[key], again[key]), key  # a resumed run sees the same batch
+    masking.epoch = 1
+    assert not torch.equal(collator(features)["position_map"], first["position_map"])  # a new epoch inserts anew
+
+    held_out = [{**feature, MASK_SEED: 0} for feature in features]
+    unseeded = PaddingInsertionCollator(tokenizer, base_collator=MaskingCollator(tokenizer), max_length=128)
+    assert torch.equal(unseeded(held_out)["position_map"], unseeded(held_out)["position_map"])
