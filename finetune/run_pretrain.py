@@ -8,6 +8,9 @@
     posformers-pretrain --objective rtd --model_type posformers-deberta --rtd_weight 50 ...
                                                       # DeBERTa-v3 replaced token detection with GDES
                                                       # (finetune/pretrain_rtd.py); the output is the discriminator
+    posformers-pretrain --objective distill --model_name_or_path <littlebird converted from bert> \
+        --teacher_name_or_path <that bert> ...       # LittleBird: KL to the teacher with Padding Insertion
+                                                      # (finetune/pretrain_distill.py); the output is the student
 
 Also `python -m posformers.finetune.run_pretrain` and `posformers.finetune.run_pretrain.main([...])`. Every
 `TrainingArguments` flag works (`--save_steps`, `--resume_from_checkpoint True`, `--eval_strategy steps`,
@@ -20,11 +23,13 @@ checkpoint instead of training it again).
 
 Held-out metrics (eval_*): MLM `loss`, `perplexity` and `accuracy` over the selected tokens, masked the same way at
 every evaluation; for rtd the generator's `mlm_*` and the discriminator's `rtd_loss`, `rtd_accuracy` and the share of
-tokens replaced, next to `eval_loss` (mlm_loss + rtd_weight * rtd_loss).
+tokens replaced, next to `eval_loss` (mlm_loss + rtd_weight * rtd_loss); for distill `eval_loss` (the distillation
+loss) and `eval_accuracy_vs_teacher`.
 
 Bad input stops the script before training with one line (exit status 1): missing or empty text files, a text column
-that is not there, an objective the model cannot train (rtd needs DeBERTa), a tokenizer larger than a pre-trained
-model's vocabulary, sequences longer than the model's position table, --streaming without --max_steps.
+that is not there, an objective the model cannot train (rtd needs DeBERTa, distill LittleBird), a tokenizer larger
+than a pre-trained model's vocabulary, sequences longer than the model's position table, --streaming without
+--max_steps.
 """
 
 from __future__ import annotations
@@ -61,11 +66,14 @@ from .pretrain_data import (
     pack_corpus,
     train_tokenizer,
 )
+from .pretrain_distill import DistillArguments, DistillationTrainer, PaddingInsertionCollator, load_teacher
 from .pretrain_rtd import RTDArguments, RTDTrainer, build_rtd_model, preprocess_rtd_logits, rtd_metrics
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = ("mlm", "rtd")
+OBJECTIVES = ("mlm", "rtd", "distill")
+# The model family each objective trains (None: any masked-language model).
+OBJECTIVE_MODEL_TYPES = {"mlm": None, "rtd": "posformers-deberta", "distill": "littlebird"}
 
 
 @dataclasses.dataclass
@@ -76,7 +84,8 @@ class PretrainArguments:
         default="mlm",
         metadata={
             "help": "mlm: masked language modelling (all models; DeBERTa through its Enhanced Mask Decoder). "
-            "rtd: DeBERTa-v3 replaced token detection with gradient-disentangled embedding sharing.",
+            "rtd: DeBERTa-v3 replaced token detection with gradient-disentangled embedding sharing. "
+            "distill: a LittleBird student learns a teacher's MLM distributions with Padding Insertion.",
             "choices": list(OBJECTIVES),
         },
     )
@@ -180,8 +189,17 @@ def packed_splits(corpus: dict, tokenizer, data_args: PretrainDataArguments, see
 @exit_on_data_error
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Run the script with `argv` (default: sys.argv[1:]); returns every metric it reported."""
-    model_args, data_args, pretrain_args, rtd_args, run_args, training_args = parse_arguments(
-        (ModelArguments, PretrainDataArguments, PretrainArguments, RTDArguments, RunArguments, TrainingArguments), argv
+    model_args, data_args, pretrain_args, rtd_args, distill_args, run_args, training_args = parse_arguments(
+        (
+            ModelArguments,
+            PretrainDataArguments,
+            PretrainArguments,
+            RTDArguments,
+            DistillArguments,
+            RunArguments,
+            TrainingArguments,
+        ),
+        argv,
     )
     setup_logging(training_args)
     check_run(training_args, data_args)
@@ -190,8 +208,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     objective = pretrain_args.objective
 
     config = load_config(model_args)
-    if objective == "rtd" and config.model_type != "posformers-deberta":
-        raise ArgumentError(f"--objective rtd pre-trains DeBERTa-v3 (posformers-deberta); got {config.model_type}")
+    required = OBJECTIVE_MODEL_TYPES[objective]
+    if required is not None and config.model_type != required:
+        raise ArgumentError(f"--objective {objective} trains {required} models; got {config.model_type}")
+    if objective == "distill":
+        distill_args.check()
     corpus = load_corpus(data_args, training_args.seed, model_args.cache_dir, need_validation=training_args.do_eval)
     tokenizer = obtain_tokenizer(model_args, data_args, corpus, checkpoint, training_args.output_dir)
     config = fit_config_to_tokenizer(config, tokenizer, model_args, data_args)
@@ -210,22 +231,32 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     count_tokens(training_args)
     training_args.remove_unused_columns = False  # the collator reads word_starts / mask_seed and drops them
-    trainer_class, metrics_fn, preprocess = (
-        (RTDTrainer, rtd_metrics, preprocess_rtd_logits)
-        if objective == "rtd"
-        else (Trainer, compute_mlm_metrics, preprocess_mlm_logits)
-    )
-    trainer = trainer_class(
+    common = dict(
         model=model,
         args=training_args,
         train_dataset=packed["train"] if training_args.do_train else None,
         eval_dataset=packed.get("validation"),
         processing_class=tokenizer,
-        data_collator=collator,
-        compute_metrics=metrics_fn,
-        preprocess_logits_for_metrics=preprocess,
         callbacks=[ThroughputCallback(), MaskEpochCallback(collator)],
     )
+    if objective == "distill":  # finetune/pretrain_distill.py: the student sees Padding Insertion, the teacher not
+        insertion = PaddingInsertionCollator(
+            tokenizer, base_collator=collator, **distill_args.padding_insertion_options()
+        )
+        teacher = load_teacher(distill_args.teacher_name_or_path, cache_dir=model_args.cache_dir)
+        trainer = DistillationTrainer(teacher=teacher, distill_args=distill_args, data_collator=insertion, **common)
+    elif objective == "rtd":
+        trainer = RTDTrainer(
+            data_collator=collator, compute_metrics=rtd_metrics, preprocess_logits_for_metrics=preprocess_rtd_logits,
+            **common,
+        )  # fmt: skip
+    else:
+        trainer = Trainer(
+            data_collator=collator,
+            compute_metrics=compute_mlm_metrics,
+            preprocess_logits_for_metrics=preprocess_mlm_logits,
+            **common,
+        )
 
     results: dict[str, float] = {}
     if training_args.do_train:

@@ -259,7 +259,7 @@ def test_bad_input_is_refused_with_a_clear_message(corpus, wordpiece, tmp_path, 
     assert code == "2" and "invalid choice: 'electra'" in capsys.readouterr().err
 
     message = run_refused(["--objective", "rtd", *tiny, *data_args(corpus), *train_args(tmp_path / "d", steps=1)])
-    assert "--objective rtd" in message and "posformers-roformer" in message
+    assert "--objective rtd trains posformers-deberta" in message and "posformers-roformer" in message
 
     message = run_refused([*tiny, "--streaming", "--train_file", str(corpus["train"]), "--do_train",
                            "--output_dir", str(tmp_path / "e"), *QUICK])  # fmt: skip
@@ -272,3 +272,27 @@ def test_bad_input_is_refused_with_a_clear_message(corpus, wordpiece, tmp_path, 
     table.write_text('{"sentence": "a fine film"}\n', encoding="utf-8")
     message = run_refused([*tiny, "--train_file", str(table), *train_args(tmp_path / "g", steps=1)])
     assert "table.jsonl" in message and "column 'text'" in message and "--text_column" in message
+
+
+def test_distill_from_the_command_line(corpus, wordpiece, tmp_path):
+    """--objective distill wires finetune/pretrain_distill.py: a LittleBird student learns a teacher's distributions."""
+    from posformers.roformer import RoFormerConfig, RoFormerForMaskedLM
+
+    torch.manual_seed(0)
+    # a teacher with confident (far from uniform) predictions, so there is something to learn
+    teacher_config = RoFormerConfig(
+        vocab_size=len(wordpiece[0]), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, initializer_range=0.3,
+    )  # fmt: skip
+    RoFormerForMaskedLM(teacher_config).save_pretrained(tmp_path / "teacher")
+    output = tmp_path / "out"
+    metrics = run_pretrain.main(
+        ["--objective", "distill", "--model_type", "littlebird", "--config_overrides", TINY["littlebird"],
+         "--tokenizer_name", str(wordpiece[1]), "--teacher_name_or_path", str(tmp_path / "teacher"),
+         "--padding_insertion_max_length", "96", "--padding_insertion_mean_run_length", "4",
+         *data_args(corpus), *train_args(output)]
+    )  # fmt: skip
+    start, end = eval_history(output, "eval_loss")[0], metrics["eval_loss"]
+    print(f"distill: held-out distillation loss {start:.3f} -> {end:.3f}")
+    assert end < 0.8 * start and 0 <= metrics["eval_accuracy_vs_teacher"] <= 1
+    assert AutoModelForMaskedLM.from_pretrained(output).config.model_type == "littlebird"
