@@ -107,29 +107,16 @@ class DistillArguments:
         """Raise ArgumentError naming the field of any impossible value."""
         if not self.teacher_name_or_path:
             raise ArgumentError("--objective distill needs --teacher_name_or_path (an AutoModelForMaskedLM checkpoint)")
-        problems = {
-            "temperature": self.temperature <= 0,
-            "kl_weight": self.kl_weight < 0,
-            "hidden_mse_weight": self.hidden_mse_weight < 0,
-            "padding_insertion_probability": not 0.0 <= self.padding_insertion_probability <= 1.0,
-            "padding_insertion_min_length": self.padding_insertion_min_length < 0,
-            "padding_insertion_max_length": self.padding_insertion_max_length < self.padding_insertion_min_length,
-            "padding_insertion_mean_run_length": self.padding_insertion_mean_run_length < 1,
-            "mlm_after_distill_steps": self.mlm_after_distill_steps < 0,
-        }
         rules = {
-            "temperature": "must be > 0",
-            "kl_weight": "must be >= 0",
-            "hidden_mse_weight": "must be >= 0",
-            "padding_insertion_probability": "must be in [0, 1]",
-            "padding_insertion_min_length": "must be >= 0",
-            "padding_insertion_max_length": "must be >= padding_insertion_min_length",
-            "padding_insertion_mean_run_length": "must be >= 1",
-            "mlm_after_distill_steps": "must be >= 0",
+            "temperature": ("must be > 0", self.temperature > 0),
+            "kl_weight": ("must be >= 0", self.kl_weight >= 0),
+            "hidden_mse_weight": ("must be >= 0", self.hidden_mse_weight >= 0),
+            "mlm_after_distill_steps": ("must be >= 0", self.mlm_after_distill_steps >= 0),
         }
-        for name, bad in problems.items():
-            if bad:
-                raise ArgumentError(f"--{name} {rules[name]}, got {getattr(self, name)}")
+        for name, (rule, holds) in rules.items():
+            if not holds:
+                raise ArgumentError(f"--{name} {rule}, got {getattr(self, name)}")
+        check_padding_insertion(**self.padding_insertion_options(), prefix="--padding_insertion_")
         if self.kl_weight == 0 and self.hidden_mse_weight == 0:
             raise ArgumentError("--kl_weight and --hidden_mse_weight are both 0: the distillation loss would be 0")
 
@@ -146,6 +133,21 @@ class DistillArguments:
 # ---------------------------------------------------------------------------------------------------------------------
 # Padding Insertion
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+def check_padding_insertion(
+    probability: float, min_length: int, max_length: int, mean_run_length: float, prefix: str = ""
+) -> None:
+    """ArgumentError naming the first impossible Padding Insertion setting (`prefix` + its name)."""
+    rules = {
+        "probability": ("must be in [0, 1]", 0.0 <= probability <= 1.0, probability),
+        "min_length": ("must be >= 0", min_length >= 0, min_length),
+        "max_length": (f"must be >= {prefix}min_length ({min_length})", max_length >= min_length, max_length),
+        "mean_run_length": ("must be >= 1", mean_run_length >= 1, mean_run_length),
+    }
+    for name, (rule, holds, value) in rules.items():
+        if not holds:
+            raise ArgumentError(f"{prefix}{name} {rule}, got {value}")
 
 
 def insertion_gaps(
@@ -206,6 +208,7 @@ class PaddingInsertionCollator:
     ):
         if tokenizer.pad_token_id is None:
             raise ArgumentError("Padding Insertion needs a tokenizer with a pad token")
+        check_padding_insertion(probability, min_length, max_length, mean_run_length)
         self.pad_token_id = tokenizer.pad_token_id
         self.base_collator = base_collator or DataCollatorWithPadding(tokenizer)
         self.options = {

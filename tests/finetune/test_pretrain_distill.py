@@ -430,14 +430,20 @@ def test_the_last_steps_are_plain_mlm_without_the_teacher(squad_corpus, tmp_path
         ({"teacher_name_or_path": None}, "teacher_name_or_path"),
         ({"temperature": 0.0}, "--temperature must be > 0"),
         ({"padding_insertion_probability": 1.5}, "--padding_insertion_probability must be in"),
-        ({"padding_insertion_min_length": 512, "padding_insertion_max_length": 256}, "padding_insertion_max_length"),
+        ({"padding_insertion_min_length": 512, "padding_insertion_max_length": 256}, "max_length must be >= --padding"),
         ({"padding_insertion_mean_run_length": 0.5}, "padding_insertion_mean_run_length"),
         ({"kl_weight": 0.0}, "both 0"),
+        ({"mlm_after_distill_steps": -1}, "--mlm_after_distill_steps must be >= 0"),
     ],
 )
 def test_impossible_arguments_are_refused(fields, message):
     with pytest.raises(ArgumentError, match=message):
         DistillArguments(**{"teacher_name_or_path": "bert", **fields}).check()
+
+
+def test_the_collator_refuses_impossible_settings_on_its_own(tokenizer):
+    with pytest.raises(ArgumentError, match="max_length must be >= min_length"):
+        PaddingInsertionCollator(tokenizer, min_length=100, max_length=50)
 
 
 def test_student_and_teacher_that_cannot_be_compared_are_refused(tokenizer, tmp_path):
