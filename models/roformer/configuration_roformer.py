@@ -112,6 +112,14 @@ class RoFormerConfig(PreTrainedConfig):
             (eq. 19): elu+1 feature map, rotation applied in the numerator only.
         summary_type (`str`, defaults to `"last"`): the token `RoFormerForMultipleChoice` classifies: `"last"` (what
             transformers' RoFormer does, kept for checkpoint compatibility), `"first"` or `"mean"` (over real tokens).
+        add_pooling_layer (`bool`, defaults to `False`): give `RoFormerModel` (and so every head built on it) a pooler,
+            a dense layer (always with a bias, as in junnyu's RoFormer) on the first token's final hidden state
+            followed by `pooler_activation`, returned as `pooler_output`. RoFormer-sim's sentence vector is this
+            output (`bert/pooler/dense` / `roformer.pooler.dense` in its checkpoints). transformers' RoFormer has no
+            pooler, hence off by default.
+        pooler_activation (`str`, defaults to `"tanh"`): the pooler's activation, any name of
+            `transformers.activations.ACT2FN`; `"linear"` is none (RoFormer-sim, bert4keras `with_pool='linear'`).
+            The field and default are those of junnyu's RoFormer config.
     """
 
     model_type = "posformers-roformer"
@@ -146,6 +154,8 @@ class RoFormerConfig(PreTrainedConfig):
     use_bias: bool = True
     attention_kernel: str = "softmax"
     summary_type: str = "last"
+    add_pooling_layer: bool = False
+    pooler_activation: str = "tanh"
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # a transformers "roformer" config.json becomes ours, see get_config_dict
@@ -217,6 +227,9 @@ class RoFormerConfig(PreTrainedConfig):
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"RoFormerConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not isinstance(self.add_pooling_layer, bool):
+            raise ValueError(f"RoFormerConfig.add_pooling_layer must be True or False, got {self.add_pooling_layer!r}")
+        self._validate_pooler_activation()
         if self.add_cross_attention:
             raise ValueError(
                 "RoFormerConfig.add_cross_attention=True is not supported: posformers' RoFormer is an encoder "
@@ -224,6 +237,16 @@ class RoFormerConfig(PreTrainedConfig):
             )
         self.rope_scaling = self._validated_rope_scaling(self.rope_scaling)
         self._validate_rotary_dim()
+
+    def _validate_pooler_activation(self):
+        from transformers.activations import ACT2FN
+
+        if not isinstance(self.pooler_activation, str) or self.pooler_activation not in ACT2FN:
+            raise ValueError(
+                f"RoFormerConfig.pooler_activation must be the name of an activation in transformers' ACT2FN (e.g. "
+                f"'tanh', or 'linear' for none, as RoFormer-sim uses), got {self.pooler_activation!r}; "
+                f"known: {sorted(ACT2FN)}"
+            )
 
     @property
     def rope_dim(self) -> int:

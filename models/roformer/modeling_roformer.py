@@ -9,6 +9,7 @@ to the Hub for `trust_remote_code` users.
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -618,8 +619,34 @@ def _check_inputs(
             raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
 
 
+@dataclass
+class RoFormerModelOutput(BaseModelOutputWithPastAndCrossAttentions):
+    """transformers' RoFormer output plus `pooler_output` (batch, hidden_size), None unless the model has a pooler.
+
+    `pooler_output` comes last, so `to_tuple()` without a pooler is exactly transformers' RoFormer tuple.
+    """
+
+    pooler_output: torch.FloatTensor | None = None
+
+
+class RoFormerPooler(nn.Module):
+    """The first token's final hidden state through a dense layer and `config.pooler_activation` (BERT's pooler).
+
+    RoFormer-sim's sentence vector is this output with `pooler_activation="linear"`.
+    """
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = ACT2FN[config.pooler_activation]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(hidden_states[:, 0]))
+
+
 class RoFormerModel(RoFormerPreTrainedModel):
-    """The bare RoFormer encoder (or decoder-only stack when `config.is_decoder`), outputting hidden states."""
+    """The bare RoFormer encoder (or decoder-only stack when `config.is_decoder`), outputting hidden states, and the
+    pooled first token (`pooler_output`) when `config.add_pooling_layer` is set."""
 
     def __init__(self, config: RoFormerConfig):
         super().__init__(config)
@@ -629,6 +656,7 @@ class RoFormerModel(RoFormerPreTrainedModel):
             self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size, bias=config.use_bias)
         self.rotary_emb = RoFormerRotaryEmbedding(config)
         self.encoder = RoFormerEncoder(config)
+        self.pooler = RoFormerPooler(config) if config.add_pooling_layer else None
         self.post_init()
 
     def get_input_embeddings(self):
@@ -650,7 +678,7 @@ class RoFormerModel(RoFormerPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+    ) -> RoFormerModelOutput | tuple:
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
@@ -699,8 +727,9 @@ class RoFormerModel(RoFormerPreTrainedModel):
             output_hidden_states=output_hidden_states,
             **kwargs,
         )
-        output = BaseModelOutputWithPastAndCrossAttentions(
+        output = RoFormerModelOutput(
             last_hidden_state=sequence_output,
+            pooler_output=self.pooler(sequence_output) if self.pooler is not None else None,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=all_hidden_states,
             attentions=all_attentions,
@@ -1112,6 +1141,7 @@ __all__ = [
     "RoFormerForSequenceClassification",
     "RoFormerForTokenClassification",
     "RoFormerModel",
+    "RoFormerPooler",
     "RoFormerPreTrainedModel",
     "apply_rotary",
     "convert_rope_layout",

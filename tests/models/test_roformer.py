@@ -632,6 +632,82 @@ def test_save_load_round_trip_and_auto_classes(tmp_path):
         )
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Pooler (RoFormer-sim's sentence vector)
+# ---------------------------------------------------------------------------------------------------------------------
+
+POOLER_HEADS = [
+    (RoFormerModel, {}),
+    (RoFormerForMaskedLM, {}),
+    (RoFormerForCausalLM, {"is_decoder": True}),
+    (RoFormerForSequenceClassification, {"num_labels": 3}),
+    (RoFormerForTokenClassification, {"num_labels": 5}),
+    (RoFormerForQuestionAnswering, {}),
+    (RoFormerForMultipleChoice, {}),
+]
+
+
+@pytest.mark.parametrize(("model_class", "kwargs"), POOLER_HEADS, ids=lambda v: getattr(v, "__name__", ""))
+def test_pooler_is_off_by_default(model_class, kwargs):
+    config = tiny_config(**kwargs)
+    assert config.add_pooling_layer is False and config.pooler_activation == "tanh"
+    model = model_class(config)
+    assert not [key for key in model.state_dict() if "pooler" in key]
+    base = model.base_model
+    assert base.pooler is None
+    input_ids, attention_mask, _ = make_batch()
+    output = base(input_ids, attention_mask=attention_mask, use_cache=False)
+    assert output.pooler_output is None
+    assert len(output.to_tuple()) == 1  # the tuple is transformers' RoFormer's: nothing added
+
+
+@pytest.mark.parametrize(
+    ("activation", "reference"),
+    [("linear", lambda x: x), ("tanh", torch.tanh), ("gelu", lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))))],
+)
+def test_pooler_output_is_activation_of_dense_on_first_token(activation, reference):
+    torch.manual_seed(0)
+    model = RoFormerModel(tiny_config(add_pooling_layer=True, pooler_activation=activation)).eval()
+    assert sorted(key for key in model.state_dict() if "pooler" in key) == ["pooler.dense.bias", "pooler.dense.weight"]
+    with torch.no_grad():
+        model.pooler.dense.bias.normal_()  # a zero-initialised bias would hide a missing one
+    input_ids, attention_mask, token_type_ids = make_batch()
+    with torch.no_grad():
+        output = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+    weight, bias = model.pooler.dense.weight, model.pooler.dense.bias
+    first = output.last_hidden_state[:, 0]
+    expected = reference(first @ weight.T + bias)
+    assert output.pooler_output.shape == (3, TINY["hidden_size"])
+    assert (output.pooler_output - expected).abs().max().item() <= TOL
+    assert torch.equal(output.to_tuple()[-1], output.pooler_output)  # last in the tuple, after transformers' fields
+
+
+def test_pooler_round_trips_and_heads_carry_it(tmp_path):
+    torch.manual_seed(0)
+    config = tiny_config(add_pooling_layer=True, pooler_activation="linear", is_decoder=True)
+    model = RoFormerForCausalLM(config).eval()
+    assert {"roformer.pooler.dense.weight", "roformer.pooler.dense.bias"} <= set(model.state_dict())
+    with torch.no_grad():
+        model.roformer.pooler.dense.bias.normal_()
+    model.save_pretrained(tmp_path)
+    saved = AutoConfig.from_pretrained(tmp_path)
+    assert saved.add_pooling_layer is True and saved.pooler_activation == "linear"
+    # the sentence vector of a RoFormer-sim-style causal LM: its encoder, bidirectional, pooled
+    base = AutoModel.from_pretrained(tmp_path, is_decoder=False).eval()
+    assert type(base) is RoFormerModel
+    for key, value in model.roformer.state_dict().items():
+        assert torch.equal(base.state_dict()[key], value), key
+    input_ids, attention_mask, _ = make_batch()
+    with torch.no_grad():
+        pooled = base(input_ids, attention_mask=attention_mask).pooler_output
+        reference = RoFormerModel(tiny_config(add_pooling_layer=True, pooler_activation="linear")).eval()
+        reference.load_state_dict(model.roformer.state_dict())
+        assert torch.equal(pooled, reference(input_ids, attention_mask=attention_mask).pooler_output)
+        reloaded = AutoModel.from_pretrained(tmp_path).eval()  # is_decoder as saved: causal, still pooled
+        past = reloaded(input_ids[:, :5], use_cache=True)
+        assert past.past_key_values is not None and past.pooler_output.shape == (3, TINY["hidden_size"])
+
+
 def test_model_type_is_distinct_from_transformers():
     assert RoFormerConfig.model_type == "posformers-roformer"
     assert transformers.CONFIG_MAPPING["roformer"] is transformers.RoFormerConfig
@@ -703,6 +779,9 @@ def test_real_vocabularies_run_through_the_model():
         ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob must be in"),
         ({"pad_token_id": 500}, "pad_token_id"),
         ({"add_cross_attention": True}, "add_cross_attention"),
+        ({"pooler_activation": "arctan"}, "pooler_activation must be the name of an activation"),
+        ({"pooler_activation": None}, "pooler_activation must be the name of an activation"),
+        ({"add_pooling_layer": "yes"}, "add_pooling_layer must be True or False"),
     ],
 )
 def test_config_validation(overrides, message):
