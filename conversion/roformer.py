@@ -10,9 +10,19 @@ Sources:
     v2  junnyu's RoFormer-v2 (junnyu/roformer_v2_chinese_char_small/base/large): the same layout with
         `"norm_type": "rms_norm"` and `"use_bias": false` in config.json; no biases, no norm parameters.
 
+Pooler (RoFormer-sim): a source holding a BERT-style pooler (`bert/pooler/dense/*`, `roformer.pooler.dense.*`) is
+converted with `add_pooling_layer=True`, and `pooler_activation` is chosen as follows, the first rule that applies:
+    1. `--config '{"pooler_activation": ...}'` (or `"add_pooling_layer": false` to drop the pooler);
+    2. the source config's own `pooler_activation` (junnyu's sim configs say "linear");
+    3. tf: "linear", since the ZhuiyiTechnology releases with a pooler are the RoFormer-sim models, whose sentence
+       vector is the pooler without activation (bert4keras `with_pool='linear'`), and bert_config.json cannot say;
+       hf/v2: "tanh", the default of junnyu's RoFormer config, i.e. what his code computes for such a config.json.
+
 Verification: tf and hf load the same weights into transformers' RoFormer (for hf, straight from the source
-directory) and compare hidden states and every head. transformers has no RoFormer-v2, so v2 is checked against
-transformers' RoFormer with its LayerNorms replaced by the parameter-free RMS norm of RoFormer-v2
+directory) and compare hidden states and every head. transformers' RoFormer has no pooler, so the "pooler output" row
+compares ours with the reference's final [CLS] hidden state put through the source's own pooler tensors (as stored:
+TF kernels (in, out), torch weights (out, in)) and the chosen activation. transformers has no RoFormer-v2, so v2 is
+checked against transformers' RoFormer with its LayerNorms replaced by the parameter-free RMS norm of RoFormer-v2
 (x / sqrt(mean(x^2) + eps)), its biases zeroed and the MLM transform removed, which is how the v2 release computes.
 """
 
@@ -62,13 +72,13 @@ BERT_CONFIG_FIELDS = (
     "type_vocab_size",
     "initializer_range",
     "layer_norm_eps",
+    "pooler_activation",  # not in the official files; honoured if a user adds it (see pooler_fields)
 )
 # config.json fields of transformers' and junnyu's RoFormer that posformers does not use.
 UNUSED_HF_FIELDS = (
     "transformers_version",
     "architectures",
     "model_type",
-    "pooler_activation",
     "gradient_checkpointing",
 )
 HEADS = (
@@ -96,13 +106,35 @@ TF_DROPPED = {
         "optimizer state, not part of the model"
     ),
     r"global_step|bad_steps|good_steps|loss_scale|.*/(accum_grad|moving_average)(/.*)?": "training bookkeeping",
-    r"bert/pooler/dense/(kernel|bias)": (
-        "BERT-style pooler: posformers' RoFormer, like transformers', has none. The sim models' sentence vector is "
-        "this dense layer, without activation, on the [CLS] hidden state: apply it from the source checkpoint (see "
-        "the README, 'Converting official checkpoints')"
-    ),
     r"cls/seq_relationship/.*": "next-sentence-prediction head, not used by RoFormer",
 }
+POOLER_OFF_REASON = "BERT-style pooler, dropped because --config sets add_pooling_layer to false"
+TF_POOLER = {"kernel": "bert/pooler/dense/kernel", "bias": "bert/pooler/dense/bias"}
+HF_POOLER = {"weight": "roformer.pooler.dense.weight", "bias": "roformer.pooler.dense.bias"}
+# pooler_activation when the source has a pooler and neither --config nor the source config names one (see above)
+DEFAULT_POOLER_ACTIVATION = {"tf": "linear", "hf": "tanh"}
+
+
+def pooler_fields(has_pooler: bool, source_config: dict, overrides: dict, source_format: str) -> dict:
+    """`add_pooling_layer` / `pooler_activation` for a source with or without a pooler (rules in the docstring)."""
+    if not has_pooler:
+        if overrides.get("add_pooling_layer"):
+            raise ConversionError(
+                "--config sets add_pooling_layer, but the source has no pooler weights to fill it with"
+            )
+        return {}
+    activation = source_config.get("pooler_activation", DEFAULT_POOLER_ACTIVATION[source_format])
+    return {"add_pooling_layer": True, "pooler_activation": overrides.get("pooler_activation", activation)}
+
+
+def pooler_note(config, origin: str) -> str:
+    if not config.add_pooling_layer:
+        return f"pooler: {origin} dropped (--config add_pooling_layer false)"
+    load = "AutoModel.from_pretrained(dir, is_decoder=False)" if config.is_decoder else "AutoModel.from_pretrained(dir)"
+    return (
+        f"pooler: {origin} -> roformer.pooler.dense, pooler_activation={config.pooler_activation!r}; the sentence "
+        f"vector is `{load}(**batch).pooler_output`"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -176,8 +208,10 @@ def make_config(fields: dict, overrides: dict, origin: str):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def tf_key_map() -> KeyMap:
-    """TF variable names -> posformers names; kernels are transposed from (in, out) to torch's (out, in)."""
+def tf_key_map(pooler: bool = True) -> KeyMap:
+    """TF variable names -> posformers names; kernels are transposed from (in, out) to torch's (out, in).
+
+    pooler: map `bert/pooler/dense` into the pooler (else it is dropped: the config has none)."""
     layer = r"bert/encoder/layer_(\d+)/"
     rules = [
         (r"bert/embeddings/word_embeddings", "roformer.embeddings.word_embeddings.weight"),
@@ -191,6 +225,8 @@ def tf_key_map() -> KeyMap:
         (r"cls/predictions/transform/LayerNorm/gamma", "cls.predictions.transform.LayerNorm.weight"),
         (r"cls/predictions/transform/LayerNorm/beta", "cls.predictions.transform.LayerNorm.bias"),
         (r"cls/predictions/output_bias", "cls.predictions.bias"),
+        (r"bert/pooler/dense/kernel", transposed("roformer.pooler.dense.weight")),
+        (r"bert/pooler/dense/bias", "roformer.pooler.dense.bias"),
     ]
     for scope, module in LAYER_PARTS.items():
         target = rf"roformer.encoder.layer.\1.{module}"
@@ -199,7 +235,10 @@ def tf_key_map() -> KeyMap:
     for scope, module in LAYER_NORMS.items():
         target = rf"roformer.encoder.layer.\1.{module}"
         rules += [(layer + scope + "/gamma", target + ".weight"), (layer + scope + "/beta", target + ".bias")]
-    return KeyMap(rules, TF_DROPPED)
+    dropped = dict(TF_DROPPED)
+    if not pooler:
+        dropped[r"bert/pooler/dense/(kernel|bias)"] = POOLER_OFF_REASON
+    return KeyMap(rules, dropped)
 
 
 def read_tf_checkpoint(prefix: Path) -> dict[str, torch.Tensor]:
@@ -252,9 +291,16 @@ class TFSource:
         log(f"read {len(variables)} variables from {prefix}")
         self.config = make_config(self._config_fields(folder, variables, overrides), {}, str(folder))
         self.model_class = _model_class("RoFormerForMaskedLM" if "cls/predictions/output_bias" in variables else None)
-        self.state_dict, report = tf_key_map().apply(variables)
+        # the source's own pooler, kept (in, out) as TF stores it, for the independent check in `verify`
+        self.pooler = None
+        if self.config.add_pooling_layer:
+            self.pooler = (variables[TF_POOLER["kernel"]].clone(), variables[TF_POOLER["bias"]].clone())
+        self.state_dict, report = tf_key_map(pooler=self.config.add_pooling_layer).apply(variables)
         log(report.summary())
         self.notes += [line.strip() for line in report.summary().splitlines()[1:]]
+        if TF_POOLER["kernel"] in report_sources(report):
+            self.notes.append(pooler_note(self.config, "bert/pooler/dense"))
+            log(self.notes[-1])
 
     def _config_fields(self, folder: Path, variables: dict, overrides: dict) -> dict:
         config_file = folder / "bert_config.json"
@@ -268,12 +314,17 @@ class TFSource:
         if words is not None and "embedding_size" not in fields:
             fields["embedding_size"] = words.shape[1]  # the small models project embeddings up to hidden_size
         fields.setdefault("layer_norm_eps", 1e-12)  # bert4keras' LayerNormalization epsilon
+        fields.update(pooler_fields(TF_POOLER["kernel"] in variables, raw, overrides, "tf"))
         return {**fields, **overrides}
 
     def verify(self, model) -> dict[str, float]:
-        """Against transformers' RoFormer holding the same (converted) weights."""
+        """Against transformers' RoFormer holding the same (converted) weights; the pooler from the TF tensors."""
         reference = transformers_reference(model)
-        return compare_models(model, reference)
+        return compare_models(model, reference, pooler=self.pooler)
+
+
+def report_sources(report) -> set[str]:
+    return {source for source, _ in report.mapped} | {source for source, _ in report.dropped}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -296,6 +347,7 @@ def hf_key_map(config) -> KeyMap:
         (r"(cls\.predictions\.transform\.(dense|LayerNorm)\.(weight|bias)|cls\.predictions\.bias)", r"\1"),
         (r"(classifier\.(dense|out_proj)\.(weight|bias))", r"\1"),
         (r"(classifier|qa_outputs)\.(weight|bias)", r"\1.\2"),
+        (r"(roformer\.pooler\.dense\.(weight|bias))", r"\1"),
     ]
     dropped = {
         r"roformer\.(encoder|embeddings)\.embed_positions\.weight": (
@@ -304,8 +356,9 @@ def hf_key_map(config) -> KeyMap:
         ),
         r"cls\.predictions\.decoder\.weight": "tied to roformer.embeddings.word_embeddings.weight (checked equal)",
         r"cls\.predictions\.decoder\.bias": "tied to cls.predictions.bias (checked equal)",
-        r"roformer\.pooler\.dense\.(weight|bias)": TF_DROPPED[r"bert/pooler/dense/(kernel|bias)"],
     }
+    if not config.add_pooling_layer:
+        dropped[r"roformer\.pooler\.dense\.(weight|bias)"] = POOLER_OFF_REASON
     return KeyMap(rules, dropped)
 
 
@@ -357,15 +410,24 @@ class HFSource:
         fields = {key: value for key, value in raw.items() if key not in UNUSED_HF_FIELDS}
         if self.architecture == "RoFormerForCausalLM":
             fields["is_decoder"] = True
+        tensors = load_tensors(source)
+        fields.update(pooler_fields(HF_POOLER["weight"] in tensors, raw, overrides, "hf"))
         self.config = make_config(fields, overrides, str(config_file))
         self.model_class = _model_class(self.architecture)
         vocab = source / "vocab.txt"
         self.vocab_file = vocab if vocab.is_file() else None
-        tensors = load_tensors(source)
         check_tied_and_positions(tensors, self.config)
+        # the source's own pooler as (in, out), for the independent check in `verify`
+        self.pooler = None
+        if self.config.add_pooling_layer:
+            self.pooler = (tensors[HF_POOLER["weight"]].T.clone(), tensors[HF_POOLER["bias"]].clone())
+        has_pooler = HF_POOLER["weight"] in tensors
         self.state_dict, report = hf_key_map(self.config).apply(tensors)
         log(report.summary())
         self.notes += [line.strip() for line in report.summary().splitlines()[1:]]
+        if has_pooler:
+            self.notes.append(pooler_note(self.config, "roformer.pooler.dense"))
+            log(self.notes[-1])
 
     def _check_kind(self, raw: dict, config_file: Path) -> None:
         if raw.get("model_type") != "roformer":
@@ -386,8 +448,8 @@ class HFSource:
             reference = reference_class.from_pretrained(
                 self.source, dtype=torch.float32, is_decoder=self.config.is_decoder
             )
-            return compare_models(model, reference.eval())
-        return compare_models(model, v2_reference(model))
+            return compare_models(model, reference.eval(), pooler=self.pooler)
+        return compare_models(model, v2_reference(model), pooler=self.pooler)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -412,7 +474,8 @@ def transformers_reference(model, *, rms_norm: bool = False):
     reference = getattr(transformers, type(model).__name__)(config).eval()
     if rms_norm:
         _use_v2_computation(reference, model.config.layer_norm_eps)
-    state = model.state_dict()
+    # transformers' RoFormer has no pooler; `compare_models` checks ours against the source's pooler tensors
+    state = {key: value for key, value in model.state_dict().items() if ".pooler." not in f".{key}"}
     for key, value in reference.state_dict().items():
         if key not in state and key.endswith(".bias"):
             state[key] = torch.zeros_like(value)  # RoFormer-v2 has no biases
@@ -476,10 +539,31 @@ def model_outputs(model, inputs) -> dict[str, torch.Tensor]:
     return results
 
 
-def compare_models(model, reference) -> dict[str, float]:
+def compare_models(model, reference, pooler: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
+    """Max abs diff of every output; with `pooler` = the source's (kernel (in, out), bias), also "pooler output":
+    ours against the reference's final [CLS] hidden state through that kernel, bias and the configured activation."""
     inputs = head_inputs(model)
     ours, theirs = model_outputs(model.float(), inputs), model_outputs(reference.float(), inputs)
-    return compare_outputs({name: (ours[name], theirs[name]) for name in ours}, tolerance=TOLERANCE)
+    pairs = {name: (ours[name], theirs[name]) for name in ours}
+    if pooler is not None:
+        reference_pooled = reference_pooler_output(theirs, pooler, model.config)
+        pairs["pooler output"] = (our_pooler_output(model, inputs), reference_pooled)
+    return compare_outputs(pairs, tolerance=TOLERANCE)
+
+
+def our_pooler_output(model, inputs) -> torch.Tensor:
+    flat = {key: value.reshape(-1, value.shape[-1]) for key, value in inputs.items()}  # multiple choice: 3-D
+    with torch.no_grad():
+        return model.base_model(**flat, return_dict=True).pooler_output
+
+
+def reference_pooler_output(reference_outputs: dict, pooler: tuple[torch.Tensor, torch.Tensor], config) -> torch.Tensor:
+    """activation(h_[CLS] @ kernel + bias), in float64, from the reference's hidden state and the source tensors."""
+    from transformers.activations import ACT2FN
+
+    kernel, bias = (tensor.double() for tensor in pooler)
+    cls = reference_outputs["last hidden state"][:, 0].double()  # position 0 is never padding
+    return ACT2FN[config.pooler_activation](cls @ kernel + bias)
 
 
 def _model_class(architecture: str | None):

@@ -152,8 +152,8 @@ def tf_release(tmp_path_factory):
     reference = randomize(transformers.RoFormerForMaskedLM(config), seed=11)
     variables = tf_variables(reference)
     generator = np.random.default_rng(0)
-    variables["bert/pooler/dense/kernel"] = generator.standard_normal((32, 32)).astype("float32")
-    variables["bert/pooler/dense/bias"] = generator.standard_normal(32).astype("float32")
+    variables["bert/pooler/dense/kernel"] = (0.2 * generator.standard_normal((32, 32))).astype("float32")  # (in, out)
+    variables["bert/pooler/dense/bias"] = (0.2 * generator.standard_normal(32)).astype("float32")
     variables["bert/encoder/layer_0/attention/self/query/kernel/adam_m"] = generator.standard_normal((32, 32)).astype(
         "float32"
     )
@@ -190,10 +190,11 @@ def tf_converted(tf_release, tmp_path_factory):
 
 
 def test_tf_checkpoint_converts_and_reproduces_the_model_it_came_from(tf_release, tf_converted):
-    _, reference, _ = tf_release
+    _, reference, variables = tf_release
     _, output, result = tf_converted
-    assert_verified(result, {"last hidden state", "logits"})
-    assert "bert/pooler/dense/kernel" in result.stdout and "optimizer state" in result.stdout
+    assert_verified(result, {"last hidden state", "logits", "pooler output"})
+    assert "optimizer state" in result.stdout
+    assert "pooler: bert/pooler/dense -> roformer.pooler.dense, pooler_activation='linear'" in result.stdout
 
     model = transformers.AutoModelForMaskedLM.from_pretrained(output)
     assert isinstance(model, posformers.RoFormerForMaskedLM)
@@ -202,6 +203,14 @@ def test_tf_checkpoint_converts_and_reproduces_the_model_it_came_from(tf_release
     with torch.no_grad():
         expected, actual = reference(**inputs).logits, model(**inputs).logits
     assert_close(actual, expected, inputs["attention_mask"])
+
+    assert model.config.add_pooling_layer and model.config.pooler_activation == "linear"
+    # RoFormer-sim's sentence vector: [CLS] through the TF pooler kernel (in, out) and bias, no activation
+    kernel, bias = (torch.from_numpy(variables[f"bert/pooler/dense/{name}"]) for name in ("kernel", "bias"))
+    with torch.no_grad():
+        cls = reference(**inputs, output_hidden_states=True).hidden_states[-1][:, 0]
+        pooled = transformers.AutoModel.from_pretrained(output)(**inputs).pooler_output
+    assert_close(pooled, cls @ kernel + bias)
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(output)
     assert tokenizer.tokenize(TEXT) == list(TEXT)  # a character vocab: one token per character
@@ -234,6 +243,33 @@ def test_tf_accounting_names_extra_and_missing_variables(tf_release, workdir, ca
     )
     assert "missing" in error and "roformer.encoder.layer.1.output.dense.bias" in error
     assert not (workdir / "o1").exists() and not (workdir / "o2").exists()
+
+
+def miswired_pooler(key_map_factory, pooler_key: str, wrong):
+    """`key_map_factory` with the rule for `pooler_key` replaced by `wrong(match, tensor) -> {name: tensor}`."""
+
+    def factory(*args, **kwargs):
+        key_map = key_map_factory(*args, **kwargs)
+        key_map.rules = [(p, wrong if p.fullmatch(pooler_key) else r) for p, r in key_map.rules]
+        return key_map
+
+    return factory
+
+
+def test_verification_catches_a_wrongly_mapped_tf_pooler(tf_release, workdir, capsys, monkeypatch):
+    """The pooler row is checked against the TF tensors as stored, so a kernel left untransposed (the layout bug a
+    square (hidden, hidden) shape cannot reveal) stops the conversion."""
+    from posformers.conversion import roformer as converter
+
+    folder = tf_release[0]
+    untransposed = miswired_pooler(
+        converter.tf_key_map, "bert/pooler/dense/kernel", lambda m, t: {"roformer.pooler.dense.weight": t}
+    )
+    monkeypatch.setattr(converter, "tf_key_map", untransposed)
+    args = ["roformer", "--from", "tf", "--source", folder, "--output", workdir / "o", "--no-tokenizer"]
+    error = cli_failure(capsys, *args)
+    assert "pooler output differs" in error and "last hidden state differs" not in error, error
+    assert not (workdir / "o").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -306,6 +342,69 @@ def test_hf_classification_checkpoint_keeps_its_head(workdir, convert):
     inputs = sample_inputs(config)
     with torch.no_grad():
         assert_close(model(**inputs).logits, reference(**inputs).logits)
+
+
+def write_sim_release(folder, seed: int = 16, **config_overrides):
+    """As junnyu/roformer_chinese_sim_char_base is published: a RoFormerForCausalLM whose config.json says
+    `"is_decoder": true, "eos_token_id": 102, "pooler_activation": "linear"`, and a pytorch_model.bin that holds the
+    pooler `roformer.pooler.dense.*` next to the LM head. Returns (reference causal LM, pooler weight, pooler bias)."""
+    fields = dict(is_decoder=True, eos_token_id=102, pooler_activation="linear", vocab_size=vocab_size(CHAR_VOCAB))
+    config = hf_config("RoFormerForCausalLM", **{**fields, **config_overrides})
+    reference = randomize(transformers.RoFormerForCausalLM(config), seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(32, 32, generator=generator) * 0.2  # (out, in), as torch stores it
+    bias = torch.randn(32, generator=generator) * 0.2
+    folder.mkdir(parents=True)
+    reference.config.save_pretrained(folder)
+    state = dict(reference.state_dict(), **{"roformer.pooler.dense.weight": weight, "roformer.pooler.dense.bias": bias})
+    torch.save(state, folder / "pytorch_model.bin")
+    shutil.copy(CHAR_VOCAB, folder / "vocab.txt")
+    return reference, weight, bias
+
+
+def test_hf_sim_checkpoint_keeps_its_pooler(workdir, convert, convert_here, capsys, monkeypatch):
+    source, output = workdir / "roformer_chinese_sim_char_base", workdir / "converted"
+    reference, weight, bias = write_sim_release(source)
+    assert "pooler_activation" in json.loads((source / "config.json").read_text())
+    result = convert("roformer", "--from", "hf", "--source", source, "--output", output).check()
+    assert_verified(result, {"last hidden state", "logits", "pooler output"})
+    assert "pooler_activation='linear'" in result.stdout
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(output)
+    assert isinstance(model, posformers.RoFormerForCausalLM) and model.config.is_decoder
+    assert model.config.add_pooling_layer and model.config.pooler_activation == "linear"
+    # the sentence vector: the encoder read bidirectionally (as junnyu's code does without a cache), [CLS] pooled
+    inputs = sample_inputs(reference.config)
+    encoder = transformers.RoFormerModel.from_pretrained(source, is_decoder=False).eval()
+    with torch.no_grad():
+        expected = encoder(**inputs).last_hidden_state[:, 0] @ weight.T + bias
+        pooled = transformers.AutoModel.from_pretrained(output, is_decoder=False)(**inputs).pooler_output
+    assert_close(pooled, expected)
+
+    # no pooler_activation in config.json: junnyu's default, tanh; --config wins over both
+    raw = json.loads((source / "config.json").read_text())
+    raw.pop("pooler_activation")
+    (source / "config.json").write_text(json.dumps(raw))
+    for extra, activation in (([], "tanh"), (["--config", '{"pooler_activation": "gelu"}'], "gelu")):
+        args = ["roformer", "--from", "hf", "--source", source, "--output", workdir / activation, "--no-tokenizer"]
+        result = convert_here(*args, *extra).check()
+        assert_verified(result, {"last hidden state", "logits", "pooler output"})
+        assert posformers.RoFormerConfig.from_pretrained(workdir / activation).pooler_activation == activation
+    result = convert_here(*args[:-2], workdir / "off", "--config", '{"add_pooling_layer": false}').check()
+    assert_verified(result, {"last hidden state", "logits"})
+    assert "roformer.pooler.dense.weight" in result.stdout and "add_pooling_layer to false" in result.stdout
+    assert not posformers.RoFormerConfig.from_pretrained(workdir / "off").add_pooling_layer
+
+    # a pooler weight mapped transposed is caught by the pooler row (which uses the source tensors as stored)
+    from posformers.conversion import roformer as converter
+
+    def transpose_weight(match, tensor):
+        return {match.expand(r"\1"): tensor.T.contiguous() if tensor.dim() == 2 else tensor}
+
+    transposed = miswired_pooler(converter.hf_key_map, "roformer.pooler.dense.weight", transpose_weight)
+    monkeypatch.setattr(converter, "hf_key_map", transposed)
+    error = cli_failure(capsys, *args[:-2], workdir / "bad")
+    assert "pooler output differs" in error and not (workdir / "bad").exists(), error
 
 
 def test_hf_accounting_and_position_table_checks(workdir, capsys):
