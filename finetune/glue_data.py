@@ -473,20 +473,31 @@ def read_split(path: Path, task: GlueTask | None, split: str, text_columns, bad:
 
 
 def read_files(files: dict[str, Path], task: GlueTask | None, text_columns, skip_bad: bool) -> dict[str, Table]:
-    """Read and validate every split; the label set comes from the task, else from the training (or first) split."""
+    """Read and validate every split of local files."""
     bad = {split: BadExamples(skip_bad, split) for split in files}
     tables = {split: read_split(path, task, split, text_columns, bad[split]) for split, path in files.items()}
+    return finish_tables(tables, label_set(tables, task), bad)
+
+
+def label_set(tables: dict[str, Table], task: GlueTask | None, declared=None) -> tuple[str, ...] | None:
+    """The task's labels, else those the source declares (a ClassLabel), else those of the training (or first
+    labelled) split."""
     if task is not None:
-        label_names = task.label_names
-    else:
-        labelled = [t for s, t in tables.items() if t.has_labels and s == "train"] or [
-            t for t in tables.values() if t.has_labels
-        ]
-        if not labelled:
-            raise DataError(
-                "no split has a 'label' column, so the label set is unknown", path=next(iter(files.values()))
-            )
-        label_names = infer_label_names(labelled[0])
+        return task.label_names
+    if declared is not None:
+        return tuple(declared)
+    labelled = [t for s, t in tables.items() if t.has_labels and s == "train"] or [
+        t for t in tables.values() if t.has_labels
+    ]
+    if not labelled:
+        raise DataError(
+            "no split has a 'label' column, so the label set is unknown", path=next(iter(tables.values())).path
+        )
+    return infer_label_names(labelled[0])
+
+
+def finish_tables(tables: dict[str, Table], label_names, bad: dict[str, BadExamples]) -> dict[str, Table]:
+    """Encode every split's labels, refuse splits left empty, and say what was skipped."""
     for split, table in tables.items():
         encode_labels(table, label_names, bad[split])
         if not table.examples:
@@ -525,23 +536,22 @@ def read_hub(name: str, config_name: str | None, task: GlueTask | None, text_col
                 "--validation_file / --test_file"
             ) from error
         raise DataError(f"cannot load the Hub dataset {where}: {type(error).__name__}: {error}") from error
-    tables = {}
+    tables, declared = {}, None
     for split, part in dataset.items():
         label_feature = part.features.get(LABEL_COLUMN)
         if label_feature is None:
             raise DataError(
                 f"split {split!r} has no {LABEL_COLUMN!r} column; columns: {', '.join(part.column_names)}", path=where
             )
+        declared = getattr(label_feature, "names", None) or declared
         chosen = choose_text_columns(part.column_names, task, text_columns, where)
-        label_names = task.label_names if task else getattr(label_feature, "names", None)
         labels = part[LABEL_COLUMN]
         ids = part["idx"] if "idx" in part.column_names else list(range(len(part)))
         has_labels = not (split.startswith("test") and all(label == -1 for label in labels))
         examples = [
-            Example(tuple(texts), None, idx, row)
-            for row, (idx, *texts) in enumerate(zip(ids, *(part[column] for column in chosen)))
+            Example(tuple(texts), label if has_labels else None, idx, row)
+            for row, (idx, label, *texts) in enumerate(zip(ids, labels, *(part[column] for column in chosen)))
         ]
-        table = Table(examples, where, has_labels=has_labels, label_names=label_names)
-        table.labels = [float(v) if label_names is None else int(v) for v in labels] if has_labels else None
-        tables[split] = table
-    return tables
+        tables[split] = Table(examples, where, has_labels=has_labels)
+    bad = {split: BadExamples(False, split) for split in tables}
+    return finish_tables(tables, label_set(tables, task, declared), bad)

@@ -623,3 +623,13 @@ def test_dataset_name_reads_a_datasets_folder_like_the_hub_layout(tmp_path):
     assert rows_of(tables["train"]) == [(("a fine film",), 1, 0), (("dull",), 0, 1)]
     assert rows_of(tables["validation"]) == [(("great",), 1, 0)]
     assert rows_of(tables["test"]) == [(("so so",), None, 0), (("wow",), None, 1)]
+
+
+def test_dataset_name_without_a_task_learns_the_label_set(tmp_path):
+    folder = tmp_path / "stars"
+    folder.mkdir()
+    lines = [json.dumps({"text": t, "label": label}) for t, label in [("meh", 3), ("great", 7), ("fine", 3)]]
+    (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
+    tables = tables_of(dataset_name=str(folder))
+    assert tables["train"].label_names == ("3", "7")
+    assert rows_of(tables["train"]) == [(("meh",), 0, 0), (("great",), 1, 1), (("fine",), 0, 2)]
