@@ -3,8 +3,13 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 import posformers
+
+# The models here are tiny: a second intra-op thread gains nothing, and on a busy machine (CI runners, other jobs)
+# its spin-waiting made a 2-second training test take minutes.
+torch.set_num_threads(1)
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 GLUE_DIR = SHARED_DATA / "glue"
