@@ -23,27 +23,30 @@ if smaller). Evaluation writes <prefix>_predictions.json, <prefix>_nbest_predict
 
 Demo
 ----
-`make demo` trains a small LittleBird from scratch (config `models/demo_data/qa/littlebird-tiny.json`, the
-bert-base-uncased WordPiece vocabulary in `models/demo_data/qa/tokenizer/`) on questions about long documents:
-whole SQuAD v1.1 dev articles, their paragraphs joined into one document of 2-3 thousand tokens each, so that each
-question is answered over the whole article in one 4096-token window (`models/demo_data/qa/`, see its README.md).
-It passes, with DATA = the installed `posformers/demo_data/qa` folder:
+`make demo` trains a small LittleBird from scratch on questions about one long document: the first ten paragraphs of
+the SQuAD v1.1 dev article "Amazon_rainforest" joined into one document of 1,848 tokens, read whole in one window
+(`models/demo_data/qa/`, provenance in its README.md; config `littlebird-qa.json`: 2 layers x 64, blocks of 64, 16
+pack states, BiALiBi slopes starting at 0; the bert-base-uncased tokenizer of `models/demo_data/tokenizer`). With
+DATA = the installed `posformers/demo_data` folder it runs:
 
-    posformers.finetune.run_qa.main([
-        "--config_name", f"{DATA}/littlebird-tiny.json", "--tokenizer_name", f"{DATA}/tokenizer",
-        "--train_file", f"{DATA}/train.json", "--validation_file", f"{DATA}/train.json",
+    from posformers.finetune import run_qa
+    metrics = run_qa.main([
+        "--config_name", f"{DATA}/qa/littlebird-qa.json", "--tokenizer_name", f"{DATA}/tokenizer",
+        "--train_file", f"{DATA}/qa/train.json", "--validation_file", f"{DATA}/qa/train.json",
         "--do_train", "--do_eval", "--output_dir", "demo_output/littlebird-qa", "--overwrite_output_dir",
-        "--num_train_epochs", "40", "--learning_rate", "3e-3", "--warmup_steps", "10",
-        "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8",
-        "--max_answer_length", "12", "--save_strategy", "no", "--report_to", "none", "--seed", "0",
-        "--logging_steps", "20",
+        "--num_train_epochs", "50", "--learning_rate", "5e-3", "--warmup_steps", "10",
+        "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
+        "--save_strategy", "no", "--logging_steps", "20", "--report_to", "none", "--seed", "0",
     ])
+    print(f"EM {metrics['eval_exact_match']:.1f}  F1 {metrics['eval_f1']:.1f}")
 
-and prints the returned {"eval_exact_match": ..., "eval_f1": ...}. The validation file is the training file on
-purpose: a model this small, trained from scratch for two minutes on a few dozen questions, can only learn to find
-the answers it was shown in a 2-3 thousand token document; EM/F1 on those questions measure that it did (a real
-learned result: an untrained model scores near 0). Held-out questions (`dev.json`) score near zero as well, which is
-what the README states and why: answering new questions needs a pretrained encoder.
+and prints EM/F1 (seed 0, measured here: EM 91.7, F1 92.9 over the 24 questions; training loss 6.4 -> 0.13; 300
+steps, about two minutes on two free CPU cores). The validation file is the training file on purpose: a model this
+small, trained from scratch for two minutes on 24 questions, can learn to find the answers it was shown in a
+1,848-token document (a real learned result: untrained, it scores EM 0.0, F1 4.2), not to answer new questions.
+Evaluated the same way on the 24 held-out questions of `dev.json` (`--model_name_or_path demo_output/littlebird-qa
+--validation_file {DATA}/qa/dev.json --do_eval`) it scores EM 0.0, F1 1.0: it answers with spans it memorised.
+Reading comprehension needs a pretrained encoder (README, "The demo").
 """
 
 from __future__ import annotations

@@ -212,6 +212,21 @@ def test_window_counts_follow_max_seq_length_and_doc_stride(english_tokenizer):
     assert a[-1 - 128 : -1] == b[b.index(english_tokenizer.sep_token_id) + 1 :][:128]
 
 
+def test_demo_data_is_one_long_document_read_in_one_littlebird_window(english_tokenizer):
+    demo = Path(run_qa.__file__).resolve().parents[1] / "models" / "demo_data" / "qa"
+    config = AutoConfig.for_model(**json.loads((demo / "littlebird-qa.json").read_text()))
+    window = run_qa.window_length(config, None)
+    # Every training answer is a span of whole tokens; one dev question's first answer ends inside "(2,700" (a SQuAD
+    # annotation slip), so the gold positions reach 23 of 24 there.
+    for name, best_exact in (("train.json", 100.0), ("dev.json", 100 * 23 / 24)):
+        examples = load_file_examples(demo / name)
+        assert len(examples) == 24 and len({e["context"] for e in examples}) == 1
+        assert len(english_tokenizer(examples[0]["context"])["input_ids"]) > 1500
+        metrics, _, features = round_trip(examples, english_tokenizer, max_seq_length=window)
+        assert len(features) == len(examples)  # the whole document in one window
+        assert metrics["exact_match"] == pytest.approx(best_exact)
+
+
 def test_default_window_littlebird_whole_document_others_512():
     littlebird = AutoConfig.for_model(**TINY_LITTLEBIRD)
     roformer = AutoConfig.for_model("posformers-roformer", max_position_embeddings=1536)
