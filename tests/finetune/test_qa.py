@@ -5,6 +5,8 @@ resuming equals not stopping, --push_to_hub reaches the (local) Hub, and bad dat
 import functools
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -358,6 +360,80 @@ def test_push_to_hub_through_the_local_hub(workspace, tmp_path, hub_server):
     assert pushed["model_type"] == "littlebird" and pushed["architectures"] == ["LittleBirdForQuestionAnswering"]
     weights = hub_server.read_file(REPO, "model.safetensors")
     assert weights == (output_dir / "model.safetensors").read_bytes()
+
+
+@pytest.mark.slow
+def test_v2_run_with_step_evaluation_best_model_and_predictions(workspace, tmp_path):
+    """SQuAD v2 through the script: scores logged at every eval step, the best checkpoint reloaded at the end, and
+    predictions for a test file without answers."""
+    records = json.loads((QA_DATA / "fixtures" / "sample.json").read_text())["data"]
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({k: r[k] for k in ("id", "question", "context")}) + "\n" for r in records))
+    output_dir = tmp_path / "v2"
+    args = script_args(workspace, output_dir, "--do_train", "--do_eval", "--do_predict", "--version_2_with_negative",
+                       "--train_file", str(QA_DATA / "fixtures" / "sample.json"),
+                       "--validation_file", str(QA_DATA / "fixtures" / "dev-v2.0.json"), "--test_file", str(test_file),
+                       "--max_steps", "4", "--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "2",
+                       "--load_best_model_at_end", "--metric_for_best_model", "f1")  # fmt: skip
+    results = run_qa.main(args)
+
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    evaluations = [entry for entry in state["log_history"] if "eval_f1" in entry]
+    assert [entry["step"] for entry in evaluations] == [2, 4]
+    for entry in evaluations:
+        assert {"eval_exact", "eval_HasAns_f1", "eval_NoAns_f1", "eval_best_f1_thresh", "eval_loss"} <= entry.keys()
+    best = max(evaluations, key=lambda entry: entry["eval_f1"])
+    assert state["best_metric"] == best["eval_f1"]
+    assert state["best_model_checkpoint"].endswith(f"checkpoint-{best['step']}")
+    assert results["eval_f1"] == best["eval_f1"]  # the final evaluation is the best checkpoint's
+
+    null_odds = json.loads((output_dir / "eval_null_odds.json").read_text())
+    assert set(null_odds) == set(json.loads((output_dir / "eval_predictions.json").read_text()))
+    predicted = json.loads((output_dir / "predict_predictions.json").read_text())
+    assert set(predicted) == {r["id"] for r in records}
+    assert (output_dir / "predict_null_odds.json").is_file()
+    assert "predict_f1" not in results  # nothing to score a test file without answers against
+
+
+def test_korquad_and_triviaqa_evaluate_through_the_script(workspace, korean_tokenizer, tmp_path):
+    """Long pages through main: LittleBird's default window (4096 tokens), KorQuAD's HTML, TriviaQA's scoring."""
+    korean_tokenizer.save_pretrained(tmp_path / "korean")
+    korquad = run_qa.main(
+        ["--config_name", str(workspace / "config.json"), "--tokenizer_name", str(tmp_path / "korean"),
+         "--validation_file", str(QA_DATA / "korquad2_sample" / "korquad2.1_dev_00.json"), "--korquad_mode", "html",
+         "--do_eval", "--output_dir", str(tmp_path / "korquad"), "--report_to", "none"]
+    )  # fmt: skip
+    assert korquad["eval_samples"] == 2 and "eval_exact_match" in korquad
+    nbest = json.loads((tmp_path / "korquad" / "eval_nbest_predictions.json").read_text())
+    assert set(nbest) == {"66678", "57677"}
+
+    trivia = run_qa.main(
+        ["--config_name", str(workspace / "config.json"), "--tokenizer_name", str(workspace / "tokenizer"),
+         "--validation_file", str(QA_DATA / "triviaqa_sample" / "qa" / "web-dev.json"),
+         "--do_eval", "--output_dir", str(tmp_path / "trivia"), "--report_to", "none"]
+    )  # fmt: skip
+    assert trivia["eval_samples"] == 6  # every (question, document) pair, also those without an alias
+    predictions = json.loads((tmp_path / "trivia" / "eval_predictions.json").read_text())
+    assert "tc_2--10/10_99.txt" in predictions
+
+
+def test_module_and_console_script_entry_points(tmp_path):
+    console_script = Path(sys.executable).parent / "posformers-qa"  # installed beside this Python by pip
+    assert console_script.is_file(), "posformers-qa is not installed (pip install -e .)"
+    for command in ([sys.executable, "-m", "posformers.finetune.run_qa"], [str(console_script)]):
+        result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        for flag in ("--doc_stride", "--version_2_with_negative", "--korquad_mode", "--eval_strategy"):
+            assert flag in result.stdout
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    result = subprocess.run(
+        [str(console_script), "--validation_file", str(broken), "--do_eval", "--output_dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error (data): ")
+    assert "Traceback" not in result.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------------
