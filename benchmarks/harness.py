@@ -651,7 +651,7 @@ def format_markdown(report: Mapping[str, Any]) -> str:
         )
     for note in report.get("notes", []):
         lines.append(f"Note: {note}")
-    if env["device"] == "cpu":
+    if env["device"] == "cpu" and report["references"]:
         lines += [
             "",
             "Process CPU time ratios (median CPU seconds of this process, all threads, per step): less disturbed by "

@@ -6,6 +6,8 @@ BiALiBi biases are the only position signal, so there is no maximum length. Fiel
 the architecture, with every decision marked, is described in `modeling_littlebird.py`.
 """
 
+import contextlib
+
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
@@ -122,6 +124,10 @@ class LittleBirdConfig(PreTrainedConfig):
                 f"LittleBirdConfig.hidden_act must be one of transformers' activations, got {self.hidden_act!r}"
             )
         init = self.bialibi_init
+        if isinstance(init, str) and init not in BIALIBI_INITS:
+            # "0.5" from a command line (--config_overrides bialibi_init=0.5) is the number it spells
+            with contextlib.suppress(ValueError):
+                init = self.bialibi_init = float(init)
         is_number = isinstance(init, (int, float)) and not isinstance(init, bool)
         if not (init in BIALIBI_INITS or (is_number and init >= 0)):
             raise ValueError(

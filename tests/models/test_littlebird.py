@@ -376,6 +376,8 @@ def test_slopes_start_at_alibi_values_or_a_constant():
         assert torch.equal(slope.data, alibi_slopes(4))
     attention = LittleBirdModel(tiny_config(bialibi_init=0.25)).encoder.layer[0].attention.self
     assert torch.equal(attention.gamma.data, torch.full((4,), 0.25))
+    # a number spelled as a string (a command line's --config_overrides) is that number
+    assert tiny_config(bialibi_init="0.25").bialibi_init == 0.25
 
 
 # ---------------------------------------------------------------------------------------------------------------------
