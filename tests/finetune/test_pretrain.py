@@ -4,9 +4,12 @@ path, and bad input."""
 
 from __future__ import annotations
 
+import json
+
 import datasets
 import pytest
 import torch
+from helpers import python_env, run_python
 from helpers.pretrain_corpus import QUICK, TINY, eval_history, write_corpus
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
@@ -230,6 +233,28 @@ def test_streaming_packs_like_in_memory_and_trains(corpus, wordpiece, documents,
          "--streaming_validation_lines", "40", "--max_seq_length", "32", *train_args(output, steps=12)]
     )  # fmt: skip
     assert metrics["eval_mlm_loss"] < eval_history(output, "eval_mlm_loss")[0] and metrics["train_runtime"] > 0
+
+
+PUSH = """
+from posformers.finetune import run_pretrain
+run_pretrain.main(ARGS["argv"])
+print(json.dumps({"done": True}))
+"""
+
+
+@pytest.mark.slow
+def test_push_to_hub_uploads_the_pretrained_model(corpus, wordpiece, tmp_path, hub_server):
+    output = tmp_path / "out"
+    argv = [
+        "--model_type", "posformers-roformer", "--config_overrides", TINY["posformers-roformer"],
+        "--tokenizer_name", str(wordpiece[1]), *data_args(corpus), *train_args(output, steps=2),
+        "--push_to_hub", "--hub_model_id", "user/tiny-mlm",
+    ]  # fmt: skip
+    run_python(PUSH, {"argv": argv}, env=python_env(tmp_path / "hf-home", endpoint=hub_server.url), cwd=tmp_path)
+    files = set(hub_server.list_files("user/tiny-mlm"))
+    assert {"config.json", "model.safetensors", "tokenizer_config.json", "README.md"} <= files, files
+    assert json.loads(hub_server.read_file("user/tiny-mlm", "config.json"))["model_type"] == "posformers-roformer"
+    assert hub_server.read_file("user/tiny-mlm", "model.safetensors") == (output / "model.safetensors").read_bytes()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
