@@ -10,7 +10,7 @@ from transformers import BertConfig, BertModel, DebertaV2Config, DebertaV2Model
 
 import posformers
 
-from .harness import ModelEntry, SharedWeights, Suite, Target
+from .harness import ModelEntry, SharedWeights, Suite, Target, random_token_inputs
 
 # microsoft/deberta-v3-base's config.json, vocabulary included.
 V3_BASE = dict(
@@ -69,12 +69,6 @@ def build_suite(max_seq_len: int) -> Suite:
         config = BertConfig(**size, max_position_embeddings=max(512, max_seq_len), attn_implementation="sdpa")
         return BertModel(config, add_pooling_layer=False)
 
-    def make_inputs(batch: int, seq_len: int, device: torch.device) -> dict[str, torch.Tensor]:
-        generator = torch.Generator().manual_seed(seq_len)
-        input_ids = torch.randint(1, V3_BASE["vocab_size"], (batch, seq_len), generator=generator)
-        attention_mask = torch.ones(batch, seq_len, dtype=torch.long)
-        return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
-
     return Suite(
         name="deberta",
         models=[
@@ -84,7 +78,7 @@ def build_suite(max_seq_len: int) -> Suite:
         ],
         candidate="posformers",
         references=["hf-deberta-v2", "hf-bert-sdpa"],
-        make_inputs=make_inputs,
+        make_inputs=random_token_inputs(V3_BASE["vocab_size"]),
         config=V3_BASE,
         equivalent=["hf-deberta-v2", "posformers"],
         targets=[

@@ -152,6 +152,19 @@ class Options:
         return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
 
 
+def random_token_inputs(vocab_size: int, first_id: int = 1) -> Callable:
+    """A suite's `make_inputs`: input_ids drawn in [first_id, vocab_size) with a seed that depends on the length only
+    (every model and run sees the same batch), and an all-ones attention_mask (an unpadded tokenizer batch)."""
+
+    def make_inputs(batch: int, seq_len: int, device: torch.device) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(seq_len)
+        input_ids = torch.randint(first_id, vocab_size, (batch, seq_len), generator=generator)
+        attention_mask = torch.ones(batch, seq_len, dtype=torch.long)
+        return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+
+    return make_inputs
+
+
 def default_repeats(seq_len: int, device: torch.device) -> int:
     """Timed rounds: fewer at long lengths, where one CPU step takes seconds."""
     if device.type == "cuda":

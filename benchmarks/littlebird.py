@@ -11,7 +11,7 @@ from transformers import BertConfig, BertModel, BigBirdConfig, BigBirdModel, Lon
 
 import posformers
 
-from .harness import ModelEntry, Suite, Target
+from .harness import ModelEntry, Suite, Target, random_token_inputs
 
 BASE = dict(
     vocab_size=30522,
@@ -30,11 +30,8 @@ def _littlebird():
     return posformers.LittleBirdModel(posformers.LittleBirdConfig(**BASE, block_size=64, pack_length=64))
 
 
-def _make_inputs(batch: int, seq_len: int, device: torch.device) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seq_len)
-    input_ids = torch.randint(5, BASE["vocab_size"], (batch, seq_len), generator=generator)
-    attention_mask = torch.ones(batch, seq_len, dtype=torch.long)
-    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+# ids from 5 up: past the special tokens of a BERT vocabulary
+_make_inputs = random_token_inputs(BASE["vocab_size"], first_id=5)
 
 
 def build_suite(max_seq_len: int) -> Suite:

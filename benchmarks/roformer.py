@@ -12,7 +12,7 @@ from transformers import RoFormerModel as HFRoFormerModel
 
 import posformers
 
-from .harness import ModelEntry, SharedWeights, Suite, Target
+from .harness import ModelEntry, SharedWeights, Suite, Target, random_token_inputs
 
 # RoFormer base (junnyu/roformer_chinese_base sizes), with the released dropout 0.1; it only acts when the train
 # workload is run with --dropout.
@@ -64,12 +64,6 @@ def build_suite(max_seq_len: int) -> Suite:
         model = weights.load_into(model, allowed_missing=BERT_ONLY, allowed_unexpected=HF_ROFORMER_ONLY)
         return _expect_attention(model, "sdpa")
 
-    def make_inputs(batch: int, seq_len: int, device: torch.device) -> dict[str, torch.Tensor]:
-        generator = torch.Generator().manual_seed(seq_len)
-        input_ids = torch.randint(1, size["vocab_size"], (batch, seq_len), generator=generator)
-        attention_mask = torch.ones(batch, seq_len, dtype=torch.long)
-        return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
-
     return Suite(
         name="roformer",
         models=[
@@ -79,7 +73,7 @@ def build_suite(max_seq_len: int) -> Suite:
         ],
         candidate="posformers",
         references=["hf-roformer", "hf-bert-sdpa"],
-        make_inputs=make_inputs,
+        make_inputs=random_token_inputs(size["vocab_size"]),
         config=size,
         equivalent=["hf-roformer", "posformers"],
         targets=[
