@@ -61,6 +61,7 @@ import torch.nn.functional as F
 
 from posformers.conversion import core
 from posformers.conversion.core import ConversionError, log
+from posformers.deberta.configuration_deberta import OFFICIAL_COMMON_DEFAULTS
 
 HELP = "DeBERTa v1/v2/v3/mdeberta: HF-format checkpoints or the microsoft/DeBERTa repository's"
 TASK_HEADS = {  # head -> (posformers class, its tensors besides the encoder, as a regex)
@@ -93,24 +94,9 @@ OFFICIAL_EMD_STEPS = 2  # EnhancedMaskDecoder.emd_context_layer: `[encoder.layer
 # What a field means when the repository's model_config.json leaves it out: its `ModelConfig` defaults and the
 # `getattr(config, name, default)` fallbacks of its modules (bert.py, disentangled_attention.py, ops.py).
 ORIGINAL_DEFAULTS = dict(
-    hidden_act="gelu",
-    hidden_dropout_prob=0.1,
-    attention_probs_dropout_prob=0.1,
-    max_position_embeddings=512,
-    type_vocab_size=0,
-    initializer_range=0.02,
-    layer_norm_eps=1e-7,
+    OFFICIAL_COMMON_DEFAULTS,  # the same fallbacks as an HF-format config.json, except:
     padding_idx=0,
-    relative_attention=False,
-    max_relative_positions=-1,
-    position_biased_input=True,
     pos_att_type="c2p",
-    position_buckets=-1,
-    share_att_key=False,
-    norm_rel_ebd="none",
-    conv_kernel_size=0,
-    conv_act="tanh",
-    conv_groups=1,
 )
 # config.json entries that describe a file, not the architecture.
 NON_ARCHITECTURE_FIELDS = ("architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype", "auto_map")

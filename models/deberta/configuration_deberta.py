@@ -38,7 +38,7 @@ PROJECTION_LAYOUTS = ("separate", "fused")
 # What a field means when an official / transformers config.json leaves it out: the defaults of transformers'
 # DebertaConfig / DebertaV2Config and of the official code's `getattr(config, name, default)` calls. posformers' own
 # defaults are deberta-v3-base, so without this a v1 file lacking `position_buckets` would get 256 buckets.
-_OFFICIAL_COMMON = dict(
+OFFICIAL_COMMON_DEFAULTS = dict(
     hidden_act="gelu",
     hidden_dropout_prob=0.1,
     attention_probs_dropout_prob=0.1,
@@ -61,7 +61,7 @@ _OFFICIAL_COMMON = dict(
 )
 OFFICIAL_DEFAULTS = {
     "deberta": dict(
-        _OFFICIAL_COMMON,
+        OFFICIAL_COMMON_DEFAULTS,
         vocab_size=50265,
         hidden_size=768,
         num_hidden_layers=12,
@@ -70,7 +70,7 @@ OFFICIAL_DEFAULTS = {
         projection_layout="fused",
     ),
     "deberta-v2": dict(
-        _OFFICIAL_COMMON,
+        OFFICIAL_COMMON_DEFAULTS,
         vocab_size=128100,
         hidden_size=1536,
         num_hidden_layers=24,
@@ -373,4 +373,4 @@ class DebertaConfig(PreTrainedConfig):
                 )
 
 
-__all__ = ["AUTO_MAP", "OFFICIAL_DEFAULTS", "PRESETS", "DebertaConfig"]
+__all__ = ["AUTO_MAP", "OFFICIAL_COMMON_DEFAULTS", "OFFICIAL_DEFAULTS", "PRESETS", "DebertaConfig"]
