@@ -1,7 +1,7 @@
 """`posformers-convert littlebird --from {bert,roberta}`: initialise LittleBird from a pretrained short-input encoder.
 
 This is the initialisation of the LittleBird paper (section "Distillation from a short-input model", see
-../shared/design/littlebird.md): the student takes the teacher's
+docs/littlebird.md): the student takes the teacher's
 
 * word and token-type embeddings and the embedding LayerNorm,
 * in every layer, the self-attention Q/K/V and output projection (into the unpack & sliding-window attention, whose

@@ -1,6 +1,6 @@
 """LittleBird pre-training by distillation from a short-input teacher, with Padding Insertion (`--objective distill`).
 
-The LittleBird paper (see ../shared/design/littlebird.md) initialises the student from a pretrained BERT/RoBERTa
+The LittleBird paper (see docs/littlebird.md) initialises the student from a pretrained BERT/RoBERTa
 (`posformers-convert littlebird --from bert`), then trains it to match that teacher on the same text. The student
 sees the text with **Padding Insertion**: random runs of pad tokens between real tokens, masked (attention_mask 0) and
 left out of every loss, so that short texts look like long documents to BiALiBi (longer distances) and to the block

@@ -1,6 +1,6 @@
 """PyTorch LittleBird (Lee, Han, Shin, "LittleBird: Efficient Faster & Longer Transformer for Question Answering",
 EMNLP 2022, arXiv 2210.11870). No official code or weights exist; this is the architecture of posformers' design note
-(`shared/design/littlebird.md`), whose tags are repeated here: [paper] from the paper, [recon] reconstructed where the
+(`docs/littlebird.md` in the repository), whose tags are repeated here: [paper] from the paper, [recon] reconstructed where the
 paper's text is cut off, [choice] a decision of posformers.
 
 One layer, post-LN [paper], with token states X (B, L, d) and pack states P (B, s, d):

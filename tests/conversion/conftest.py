@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import python_env, run_python
+from helpers.data import DATA_DIR
 from safetensors.torch import load_file, save_file
 
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-VOCAB_DIR = SHARED_DATA / "vocab"
+VOCAB_DIR = DATA_DIR / "vocab"
 CONVERT_COMMAND = Path(sys.executable).parent / "posformers-convert"
 # A line of the verification table: "  <output> | <max abs diff>"
 _TABLE_LINE = re.compile(r"^\s+(?P<name>[^|]+?)\s+\|\s+(?P<diff>[0-9.eE+-]+)\s*$")

@@ -1,7 +1,7 @@
 """`posformers-convert deberta --from {hf,original}` on checkpoints in Microsoft's exact layouts, random weights.
 
 hf v1: microsoft/deberta-base (pytorch_model.bin in fp16: fused `in_proj`, the absolute position table, the
-    `lm_predictions` head; GPT-2 BPE vocab.json + merges.txt from ../shared/data/vocab/gpt2).
+    `lm_predictions` head; GPT-2 BPE vocab.json + merges.txt from tests/data/vocab/gpt2).
 hf v2: microsoft/deberta-v2-xlarge (log buckets, the convolution layer, `lm_predictions`; spm.model).
 hf v3: microsoft/deberta-v3-* (model.safetensors in fp16 with both `lm_predictions` and `mask_predictions`; spm.model).
 original v1 / v3: the microsoft/DeBERTa release assets (pytorch.model.bin + model_config.json + bpe_encoder.bin;
@@ -9,7 +9,7 @@ original v1 / v3: the microsoft/DeBERTa release assets (pytorch.model.bin + mode
 fine-tuned: microsoft/deberta-large-mnli and deberta-v2-xlarge-mnli (config.json with `architectures` and
     `id2label`, `pooler.dense.*` + `classifier.*`), and token classification / QA fine-tunes of v3 (`classifier.*`,
     `qa_outputs.*`), one with the `word_embeddings._weight` alias some safetensors files carry.
-The SentencePiece models are trained here on ../shared/data/glue/sst2 text.
+The SentencePiece models are trained here on tests/data/glue/sst2 text.
 """
 
 import json
@@ -18,12 +18,12 @@ import shutil
 import pytest
 import torch
 import transformers
+from helpers.data import DATA_DIR
 from safetensors.torch import save_file
 
 import posformers
 
 from .conftest import (
-    SHARED_DATA,
     VOCAB_DIR,
     ConvertResult,
     check_overwrite_behaviour,
@@ -72,7 +72,7 @@ def spm_model(tmp_path_factory):
     import sentencepiece  # a dev dependency (pyproject [dev]); imported here so that other tests need not have it
 
     directory = tmp_path_factory.mktemp("spm")
-    lines = (SHARED_DATA / "glue" / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:3001]
+    lines = (DATA_DIR / "glue" / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:3001]
     corpus = directory / "corpus.txt"
     corpus.write_text("\n".join(line.split("\t")[0] for line in lines), encoding="utf-8")
     sentencepiece.SentencePieceTrainer.train(

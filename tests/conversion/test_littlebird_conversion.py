@@ -1,9 +1,9 @@
 """`posformers-convert littlebird --from {bert,roberta}` on teachers written in their official layouts, random weights.
 
 bert: Google's bert-base-uncased as published (pytorch_model.bin of BertForPreTraining: LayerNorm `gamma`/`beta`,
-    the tied decoder stored, the next-sentence head), vocab.txt from ../shared/data/vocab/bert-base-uncased.
+    the tied decoder stored, the next-sentence head), vocab.txt from tests/data/vocab/bert-base-uncased.
 roberta: roberta-base as published (RobertaForMaskedLM plus the unused pooler, the decoder stored), GPT-2 BPE files
-    from ../shared/data/vocab/gpt2.
+    from tests/data/vocab/gpt2.
 """
 
 import json

@@ -1,9 +1,10 @@
-"""Fixtures of the fine-tuning tests: the real GLUE files under ../shared/data, and a tiny model built from scratch."""
+"""Fixtures of the fine-tuning tests: the real GLUE files under tests/data, and a tiny model built from scratch."""
 
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.data import DATA_DIR
 
 import posformers
 
@@ -11,8 +12,7 @@ import posformers
 # its spin-waiting made a 2-second training test take minutes.
 torch.set_num_threads(1)
 
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-GLUE_DIR = SHARED_DATA / "glue"
+GLUE_DIR = DATA_DIR / "glue"
 # The real bert-base-uncased vocabulary shipped for the demo (models/demo_data/tokenizer).
 TOKENIZER_DIR = Path(posformers.__file__).resolve().parent / "demo_data" / "tokenizer"
 
@@ -39,5 +39,4 @@ QUIET = ["--report_to", "none", "--disable_tqdm", "True", "--save_strategy", "no
 
 @pytest.fixture(scope="session")
 def glue_dir() -> Path:
-    assert GLUE_DIR.is_dir(), f"the real GLUE files are expected at {GLUE_DIR} (shared/ beside the checkout)"
     return GLUE_DIR

@@ -53,7 +53,8 @@ def glue_main(tmp_path: Path, *args: str, model: list[str] | None = None) -> dic
 def test_sst2_real_files(glue_dir):
     tables = tables_of(task_name="sst2", data_dir=str(glue_dir / "sst2"))
     assert sorted(tables) == ["train", "validation"]
-    assert (len(tables["train"]), len(tables["validation"])) == (67349, 872)
+    # tests/data keeps the first 20,400 of the 67,349 training rows and the whole dev set (tests/data/PROVENANCE.md)
+    assert (len(tables["train"]), len(tables["validation"])) == (20400, 872)
     assert rows_of(tables["validation"])[:2] == [
         (("it 's a charming and often affecting journey . ",), 1, 0),
         (("unflinchingly bleak and desperate ",), 0, 1),
@@ -63,7 +64,8 @@ def test_sst2_real_files(glue_dir):
 
 def test_mrpc_real_files_keep_quotes_and_drop_the_bom(glue_dir):
     tables = tables_of(task_name="mrpc", data_dir=str(glue_dir / "mrpc"))
-    assert {split: len(table) for split, table in tables.items()} == {"train": 3668, "validation": 408, "test": 1725}
+    # The first 1,000 train and 200 test rows of MRPC, and the whole dev set (tests/data/PROVENANCE.md)
+    assert {split: len(table) for split, table in tables.items()} == {"train": 1000, "validation": 408, "test": 200}
     texts, label, idx = rows_of(tables["train"])[0]
     assert (
         texts[0] == 'Amrozi accused his brother, whom he called "the witness", of deliberately distorting his evidence.'
@@ -81,9 +83,10 @@ def test_mrpc_real_files_keep_quotes_and_drop_the_bom(glue_dir):
 
 def test_cola_real_files_without_header(glue_dir):
     tables = tables_of(task_name="cola", data_dir=str(glue_dir / "cola"))
-    assert (len(tables["train"]), len(tables["validation"])) == (8551, 1043)
+    # The first 2,000 of CoLA's 8,551 training rows and the whole dev set (tests/data/PROVENANCE.md)
+    assert (len(tables["train"]), len(tables["validation"])) == (2000, 1043)
     assert rows_of(tables["validation"])[0] == (("The sailors rode the breeze clear of the rocks.",), 1, 0)
-    assert 0 < sum(tables["train"].labels) < 8551  # both labels occur
+    assert 0 < sum(tables["train"].labels) < 2000  # both labels occur
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ import math
 import datasets
 import pytest
 import torch
-from conftest import SHARED_DATA, TOKENIZER_DIR
+from conftest import TOKENIZER_DIR
+from helpers.data import DATA_DIR
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForMaskedLM,
@@ -47,12 +48,12 @@ def tokenizer():
 
 
 def sst2_sentences(count: int) -> list[str]:
-    with open(SHARED_DATA / "glue" / "sst2" / "dev.tsv", encoding="utf-8") as file:
+    with open(DATA_DIR / "glue" / "sst2" / "dev.tsv", encoding="utf-8") as file:
         return [row["sentence"] for row, _ in zip(csv.DictReader(file, delimiter="\t"), range(count))]
 
 
 def squad_contexts(count: int) -> list[str]:
-    data = json.loads((SHARED_DATA / "qa" / "squad_v1.1" / "dev-v1.1.json").read_text(encoding="utf-8"))
+    data = json.loads((DATA_DIR / "qa" / "squad_v1.1" / "dev-v1.1.json").read_text(encoding="utf-8"))
     contexts = [paragraph["context"] for article in data["data"] for paragraph in article["paragraphs"]]
     return contexts[:count]
 

@@ -13,6 +13,7 @@ import datasets
 import numpy as np
 import pytest
 from helpers import python_env, run_python
+from helpers.data import DATA_DIR
 from safetensors.torch import load_file
 from transformers import AutoConfig, BertTokenizerFast
 
@@ -22,9 +23,8 @@ from posformers.finetune.qa_data import load_qa_file
 from posformers.finetune.qa_features import postprocess_predictions, prepare_features
 from posformers.finetune.qa_trainer import score_predictions
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-QA_DATA = DATA / "qa"
-BERT_VOCAB = DATA / "vocab" / "bert-base-uncased" / "vocab.txt"
+QA_DATA = DATA_DIR / "qa"
+BERT_VOCAB = DATA_DIR / "vocab" / "bert-base-uncased" / "vocab.txt"
 GOLD_LOGIT = 20.0
 
 TINY = {

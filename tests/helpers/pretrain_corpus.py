@@ -1,4 +1,4 @@
-"""Real text for the pre-training tests: SQuAD v1.1 dev contexts and SST-2 sentences from ../shared/data."""
+"""Real text for the pre-training tests: SQuAD v1.1 dev contexts and SST-2 sentences from tests/data."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import csv
 import json
 from pathlib import Path
 
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-SQUAD_DEV = SHARED_DATA / "qa" / "squad_v1.1" / "dev-v1.1.json"
-SST2_TRAIN = SHARED_DATA / "glue" / "sst2" / "train.tsv"
+from helpers.data import DATA_DIR
+
+SQUAD_DEV = DATA_DIR / "qa" / "squad_v1.1" / "dev-v1.1.json"
+SST2_TRAIN = DATA_DIR / "glue" / "sst2" / "train.tsv"
 
 
 def squad_contexts() -> list[str]:

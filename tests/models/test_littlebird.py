@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 from helpers import python_env, run_python
+from helpers.data import DATA_DIR
 from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel
@@ -39,7 +40,6 @@ from posformers.littlebird import (
     window_key_blocks,
 )
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 TINY = dict(
     vocab_size=99,
     hidden_size=32,
@@ -701,9 +701,9 @@ def test_bad_inputs_give_clear_errors(kwargs, message):
 def test_korquad_page_runs_end_to_end_at_full_length():
     """A KorQuAD 2.1 Wikipedia page (~10k characters) with its question, tokenized with bert-base-chinese's WordPiece
     vocabulary (Hangul is split into jamo), through the QA head at its full length, forward and backward."""
-    document = json.loads((SHARED / "data/qa/korquad2_sample/korquad2.1_dev_00.json").read_text())["data"][0]
+    document = json.loads((DATA_DIR / "qa" / "korquad2_sample" / "korquad2.1_dev_00.json").read_text())["data"][0]
     qa = document["qas"][0]
-    tokenizer = transformers.BertTokenizer.from_pretrained(SHARED / "data/vocab/bert-base-chinese")
+    tokenizer = transformers.BertTokenizer.from_pretrained(DATA_DIR / "vocab" / "bert-base-chinese")
     encoding = tokenizer(qa["question"], document["context"], return_offsets_mapping=True, return_tensors="pt")
     seq_len = encoding["input_ids"].shape[1]
     assert len(document["context"]) > 10_000 and seq_len > 10_000

@@ -2,11 +2,11 @@
 
 import math
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from helpers.data import DATA_DIR
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
 import posformers
@@ -23,7 +23,6 @@ from posformers import (
 )
 from posformers.roformer.modeling_roformer import rope_inverse_frequencies
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 TINY = dict(
     vocab_size=99,
     hidden_size=32,
@@ -726,8 +725,8 @@ def test_model_type_is_distinct_from_transformers():
 
 
 def test_real_vocabularies_run_through_the_model():
-    bert_vocab = SHARED / "data" / "vocab" / "bert-base-uncased"
-    roformer_dir = SHARED / "data" / "vocab" / "roformer-chinese-base"
+    bert_vocab = DATA_DIR / "vocab" / "bert-base-uncased"
+    roformer_dir = DATA_DIR / "vocab" / "roformer-chinese-base"
     english = transformers.BertTokenizer.from_pretrained(bert_vocab)
     assert english.vocab_size == 30522
     chinese = transformers.RoFormerTokenizer.from_pretrained(roformer_dir)
