@@ -1,7 +1,8 @@
 """Hugging Face Hub integration shared by every posformers model: the model card written on push.
 
-`_registry.register` calls `enable_model_cards` on each model's `PreTrainedModel` base class. After that,
-`model.push_to_hub(repo_id)` and `model.save_pretrained(dir, push_to_hub=True, repo_id=...)` upload a README.md whose
+`_registry.register` calls `enable_model_cards` on each model's `PreTrainedModel` base class, which puts
+`ModelCardMixin` among its bases. After that, `model.push_to_hub(repo_id)` and
+`model.save_pretrained(dir, push_to_hub=True, repo_id=...)` upload, in the same commit as the weights, a README.md whose
 YAML metadata lets the Hub index the model:
 
     library_name: transformers     # what the Hub needs to offer `trust_remote_code` loading
@@ -10,10 +11,9 @@ YAML metadata lets the Hub index the model:
     pipeline_tag: fill-mask        # from the head: the Auto class the model is registered with
     tags: [posformers, roformer]   # plus `tags=` and `model.model_tags`
 
-Both of transformers' upload paths write README.md into the folder they upload and then call
-`_upload_modified_files`; the wrapped `_upload_modified_files` is where the posformers card replaces that file.
 A README.md already on the Hub is never replaced: it is uploaded back as it is, with only the metadata keys it lacks
-(and missing tags) added, unless `overwrite_model_card=True` is passed.
+(and missing tags) added, unless `overwrite_model_card=True` is passed. Only public API is used: transformers'
+`save_pretrained` writes the files, huggingface_hub's `HfApi.create_commit` uploads them with the card.
 
 This module is package-level on purpose: model folders are copied next to the weights for `trust_remote_code` users
 and must import only torch, transformers and their own files. A model loaded that way pushes with transformers'
@@ -22,15 +22,13 @@ plain behaviour.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
-import functools
-import inspect
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from huggingface_hub import ModelCard, ModelCardData, hf_hub_download
+from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, ModelCard, ModelCardData, hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, HFValidationError, RevisionNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
@@ -79,11 +77,6 @@ class CardOptions:
     tags: tuple[str, ...] = ()
     overwrite: bool = False
     local_card: str | None = None  # README.md that was already in save_pretrained's folder
-
-
-_CARD_OPTIONS: contextvars.ContextVar[CardOptions | None] = contextvars.ContextVar(
-    "posformers_card_options", default=None
-)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -262,95 +255,160 @@ def card_for_push(model, repo_id: str, existing: str | None, options: CardOption
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Hooks into transformers' push_to_hub / save_pretrained
+# Pushing
 # ---------------------------------------------------------------------------------------------------------------------
 
-_OPTIONS_DOC = """
 
-        posformers model card options (keyword only):
+def _file_times(folder: Path) -> dict[str, int]:
+    """{path relative to `folder`: modification time in ns} of every file under `folder` (none if it is missing)."""
+    return {
+        path.relative_to(folder).as_posix(): path.stat().st_mtime_ns for path in folder.rglob("*") if path.is_file()
+    }
+
+
+def push_with_card(
+    model,
+    folder: Path,
+    paths: Iterable[str],
+    repo_id: str,
+    options: CardOptions,
+    *,
+    private: bool | None = None,
+    token: bool | str | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
+    commit_message: str | None = None,
+    commit_description: str | None = None,
+) -> CommitInfo:
+    """Upload `paths` (relative to `folder`) and the posformers card to `repo_id` in one commit.
+
+    The card (see `card_for_push`) is also written to `folder`/README.md, so the folder holds what the Hub holds.
+    Creates the repo, and the branch `revision`, if they do not exist yet.
+    """
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    if revision is not None and not revision.startswith("refs/pr/"):
+        api.create_branch(repo_id, branch=revision, exist_ok=True)
+    existing = None if options.overwrite else _remote_card(repo_id, token=token, revision=revision)
+    with open(folder / README, "w", encoding="utf-8", newline="") as f:
+        f.write(card_for_push(model, repo_id, existing, options))
+    operations = [
+        CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(folder / path)) for path in sorted({*paths, README})
+    ]
+    return api.create_commit(
+        repo_id,
+        operations,
+        commit_message=commit_message or f"Upload {type(model).__name__}",
+        commit_description=commit_description,
+        revision=revision,
+        create_pr=create_pr,
+    )
+
+
+# `save_pretrained(push_to_hub=True, ...)` keywords that are about the upload, not the files.
+_PUSH_KEYWORDS = ("repo_id", "private", "commit_message", "commit_description", "create_pr", "revision")
+
+
+class ModelCardMixin:
+    """`push_to_hub` and `save_pretrained(push_to_hub=True)` that upload the posformers model card together with the
+    weights, in one commit. `enable_model_cards` puts it first among the bases of each model's `PreTrainedModel` base.
+    """
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        commit_message: str | None = None,
+        commit_description: str | None = None,
+        private: bool | None = None,
+        token: bool | str | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        max_shard_size: int | str | None = "50GB",
+        tags: list[str] | str | None = None,
+        license: str | None = None,
+        base_model: str | bool | None = None,
+        overwrite_model_card: bool = False,
+    ) -> CommitInfo:
+        """Upload the model (weights, config, code) and its model card to `repo_id` in one commit.
+
+        transformers' `PreTrainedModel.push_to_hub` parameters (`tags` are added to the card's tags, after
+        "posformers", the model type and `model.model_tags`), plus the card options:
+
             license (`str`, *optional*, defaults to `"apache-2.0"`): license of a new card, or added to a card
                 without one.
             base_model (`str` or `False`, *optional*): the model this one derives from; defaults to the Hub repo the
                 weights were loaded from, if any. `False` leaves it out.
             overwrite_model_card (`bool`, *optional*, defaults to `False`): replace a README.md already on the Hub
                 instead of only adding the metadata it lacks.
-"""
+        """
+        tags = (tags,) if isinstance(tags, str) else tuple(tags or ())
+        options = CardOptions(license=license, base_model=base_model, tags=tags, overwrite=overwrite_model_card)
+        with tempfile.TemporaryDirectory() as tmp_dir:
+            folder = Path(tmp_dir)
+            self.save_pretrained(folder, max_shard_size=max_shard_size)
+            return push_with_card(
+                self,
+                folder,
+                list(_file_times(folder)),
+                repo_id,
+                options,
+                private=private,
+                token=token,
+                revision=revision,
+                create_pr=create_pr,
+                commit_message=commit_message,
+                commit_description=commit_description,
+            )
 
-
-def _wrap_push_to_hub(push_to_hub):
-    @functools.wraps(push_to_hub)
-    def wrapper(self, *args, license=None, base_model=None, overwrite_model_card=False, **kwargs):
-        tags = kwargs.get("tags") or ()
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        is_main_process: bool = True,
+        state_dict: dict | None = None,
+        push_to_hub: bool = False,
+        *,
+        license: str | None = None,
+        base_model: str | bool | None = None,
+        overwrite_model_card: bool = False,
+        **kwargs,
+    ):
+        """transformers' `PreTrainedModel.save_pretrained`; with `push_to_hub=True`, the saving rank then uploads the
+        files this call wrote and the model card in one commit (keywords `repo_id`, defaulting to the folder's name,
+        `private`, `commit_message`, `commit_description`, `create_pr`, `revision`, `token`, and the card options of
+        `push_to_hub`). A README.md already in `save_directory` is the card's starting point when the Hub has none
+        (or `overwrite_model_card=True`); the uploaded card replaces it. Without `push_to_hub` the card options are
+        ignored.
+        """
+        if not push_to_hub or kwargs.get("distributed_checkpoint"):
+            # transformers pushes a distributed checkpoint from a consolidated copy, with its own card.
+            return super().save_pretrained(save_directory, is_main_process, state_dict, push_to_hub, **kwargs)
+        push_kwargs = {key: kwargs.pop(key) for key in _PUSH_KEYWORDS if key in kwargs}
+        folder = Path(save_directory)
+        uploads = self.should_save_on_this_rank(is_main_process)  # every rank saves (a collective under FSDP)
+        before = _file_times(folder) if uploads else {}
+        readme = folder / README
+        local_card = readme.read_text(encoding="utf-8") if uploads and readme.is_file() else None
+        super().save_pretrained(save_directory, is_main_process, state_dict, **kwargs)
+        if not uploads:
+            return
+        written = [path for path, time in _file_times(folder).items() if before.get(path) != time]
         options = CardOptions(
-            license=license,
-            base_model=base_model,
-            tags=(tags,) if isinstance(tags, str) else tuple(tags),
-            overwrite=overwrite_model_card,
+            license=license, base_model=base_model, overwrite=overwrite_model_card, local_card=local_card
         )
-        token = _CARD_OPTIONS.set(options)
-        try:
-            return push_to_hub(self, *args, **kwargs)
-        finally:
-            _CARD_OPTIONS.reset(token)
-
-    wrapper.__doc__ = (push_to_hub.__doc__ or "") + _OPTIONS_DOC
-    return wrapper
-
-
-def _wrap_save_pretrained(save_pretrained):
-    signature = inspect.signature(save_pretrained)
-
-    @functools.wraps(save_pretrained)
-    def wrapper(self, save_directory, *args, license=None, base_model=None, overwrite_model_card=False, **kwargs):
-        push_to_hub = signature.bind_partial(self, save_directory, *args, **kwargs).arguments.get("push_to_hub")
-        if not push_to_hub:
-            return save_pretrained(self, save_directory, *args, **kwargs)
-        readme = Path(save_directory) / README
-        options = CardOptions(
-            license=license,
-            base_model=base_model,
-            overwrite=overwrite_model_card,
-            local_card=readme.read_text(encoding="utf-8") if readme.is_file() else None,
-        )
-        token = _CARD_OPTIONS.set(options)
-        try:
-            return save_pretrained(self, save_directory, *args, **kwargs)
-        finally:
-            _CARD_OPTIONS.reset(token)
-
-    wrapper.__doc__ = (save_pretrained.__doc__ or "") + _OPTIONS_DOC
-    return wrapper
-
-
-def _wrap_upload_modified_files(upload_modified_files):
-    @functools.wraps(upload_modified_files)
-    def wrapper(self, working_dir, repo_id, *args, **kwargs):
-        readme = Path(working_dir) / README
-        if readme.is_file():  # transformers wrote its card: replace it with ours
-            options = _CARD_OPTIONS.get() or CardOptions()
-            existing = None
-            if not options.overwrite:
-                existing = _remote_card(repo_id, token=kwargs.get("token"), revision=kwargs.get("revision"))
-            content = card_for_push(self, repo_id, existing, options)
-            with open(readme, "w", encoding="utf-8", newline="") as f:
-                f.write(content)
-        return upload_modified_files(self, working_dir, repo_id, *args, **kwargs)
-
-    return wrapper
+        repo_id = push_kwargs.pop("repo_id", None) or folder.resolve().name
+        push_with_card(self, folder, written, repo_id, options, token=kwargs.get("token"), **push_kwargs)
 
 
 def enable_model_cards(model_class: type) -> None:
-    """Make `push_to_hub` and `save_pretrained(push_to_hub=True)` of `model_class` and its subclasses upload the
-    posformers model card. Idempotent."""
-    if model_class.__dict__.get("_posformers_model_cards"):
-        return
-    upload_modified_files = getattr(model_class, "_upload_modified_files", None)
-    if upload_modified_files is None:  # a private transformers hook: without it, keep transformers' own card
-        return
-    model_class.push_to_hub = _wrap_push_to_hub(model_class.push_to_hub)
-    model_class.save_pretrained = _wrap_save_pretrained(model_class.save_pretrained)
-    model_class._upload_modified_files = _wrap_upload_modified_files(upload_modified_files)
-    model_class._posformers_model_cards = True
+    """Make `push_to_hub` and `save_pretrained(push_to_hub=True)` of `model_class` (a posformers `PreTrainedModel`
+    base) and its heads upload the posformers model card, by putting `ModelCardMixin` first among its bases.
+
+    The model folders cannot name the mixin in their class lines: they are remote code, importing only torch and
+    transformers. Idempotent.
+    """
+    if not issubclass(model_class, ModelCardMixin):
+        model_class.__bases__ = (ModelCardMixin, *model_class.__bases__)
 
 
 __all__ = [
@@ -358,6 +416,7 @@ __all__ = [
     "DEFAULT_LICENSE",
     "PIPELINE_TAGS",
     "CardOptions",
+    "ModelCardMixin",
     "card_for_push",
     "card_metadata",
     "enable_model_cards",
@@ -367,4 +426,5 @@ __all__ = [
     "model_card",
     "model_type_tag",
     "pipeline_tag",
+    "push_with_card",
 ]

@@ -42,6 +42,8 @@ REPO_MLM = "posformers-test/tiny-roformer-mlm"
 REPO_CLS = "posformers-test/tiny-roformer-cls"
 REPO_DERIVED = "posformers-test/tiny-roformer-mlm-derived"
 REPO_EDIT = "posformers-test/tiny-roformer-edited"
+REPO_OPTIONS = "posformers-test/tiny-roformer-options"
+REPO_NO_BASE = "posformers-test/tiny-roformer-no-base"
 EXPLICIT_BASE = "posformers-test/some-base"
 
 USER_BODY = "\n# My RoFormer\n\nHand-written notes the next push must keep.\n"
@@ -56,6 +58,7 @@ FULL_README = (
     "---\n" + USER_BODY
 )
 LOCAL_README = "# My classifier\n\nWritten next to the weights before save_pretrained(push_to_hub=True).\n"
+STALE_FILE = "notes.txt"
 
 
 def tiny_config(**overrides) -> posformers.RoFormerConfig:
@@ -294,15 +297,23 @@ def test_merge_card_metadata_keeps_values_and_text():
     assert ModelCard(no_yaml).data.pipeline_tag == "fill-mask"
 
 
-def test_card_options_reach_push_to_hub_and_save_pretrained():
-    # The wrappers accept the card options instead of passing them on to transformers (which would reject them).
-    for method in (posformers.RoFormerForMaskedLM.push_to_hub, posformers.RoFormerForMaskedLM.save_pretrained):
-        assert "overwrite_model_card" in method.__doc__
-    assert posformers.RoFormerPreTrainedModel.__dict__["_posformers_model_cards"] is True
-    assert "_posformers_model_cards" not in transformers.PreTrainedModel.__dict__
-    wrapped = posformers.RoFormerPreTrainedModel.push_to_hub
+def test_model_cards_are_enabled_on_every_base_class():
+    for base in (
+        posformers.RoFormerPreTrainedModel,
+        posformers.DebertaPreTrainedModel,
+        posformers.LittleBirdPreTrainedModel,
+    ):
+        assert base.__mro__[1] is hub.ModelCardMixin, base.__mro__
+    assert not issubclass(transformers.PreTrainedModel, hub.ModelCardMixin)
+    bases = posformers.RoFormerPreTrainedModel.__bases__
     hub.enable_model_cards(posformers.RoFormerPreTrainedModel)  # idempotent
-    assert posformers.RoFormerPreTrainedModel.push_to_hub is wrapped
+    assert posformers.RoFormerPreTrainedModel.__bases__ == bases
+
+
+def test_save_pretrained_push_uploads_only_from_the_saving_rank(tmp_dir):
+    # Not the main process: nothing is written, and nothing is uploaded (an upload would fail: tests run offline).
+    tiny_model("AutoModel").save_pretrained(tmp_dir, is_main_process=False, push_to_hub=True, repo_id="org/x")
+    assert list(tmp_dir.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -370,6 +381,9 @@ cls.save_pretrained(
 derived = AutoModelForMaskedLM.from_pretrained(ARGS["repo_mlm"])  # from the Hub, posformers imported
 steps["derived_class"] = f"{type(derived).__module__}.{type(derived).__name__}"
 steps["push_derived"] = derived.push_to_hub(ARGS["repo_derived"], tags=["my-tag"]).oid
+options = {"license": "cc-by-4.0", "base_model": ARGS["base"], "tags": "one-tag"}  # overrides what derived infers
+steps["push_options"] = derived.push_to_hub(ARGS["repo_options"], **options).oid
+steps["push_no_base"] = derived.push_to_hub(ARGS["repo_no_base"], base_model=False).oid
 
 
 def retrain(model):
@@ -406,6 +420,7 @@ def pushed(hub_server, scratch):
     cls.save_pretrained(work / "cls")
     (work / "cls-push").mkdir()
     (work / "cls-push" / "README.md").write_text(LOCAL_README)
+    (work / "cls-push" / STALE_FILE).write_text("Left in the folder by an earlier job; not part of this save.\n")
     args = {
         "mlm_dir": str(work / "mlm"),
         "cls_dir": str(work / "cls"),
@@ -414,6 +429,8 @@ def pushed(hub_server, scratch):
         "repo_cls": REPO_CLS,
         "repo_derived": REPO_DERIVED,
         "repo_edit": REPO_EDIT,
+        "repo_options": REPO_OPTIONS,
+        "repo_no_base": REPO_NO_BASE,
         "base": EXPLICIT_BASE,
         "partial_readme": PARTIAL_README,
         "full_readme": FULL_README,
@@ -522,6 +539,35 @@ def test_push_infers_base_model_and_adds_tags(pushed, hub_server):
     card = readme(hub_server, REPO_DERIVED)
     assert card.data.base_model == REPO_MLM  # the repo the weights were loaded from
     assert card.data.tags == ["posformers", "roformer", "my-tag"]
+
+
+@pytest.mark.slow
+def test_push_to_hub_card_options_reach_the_pushed_card(pushed, hub_server):
+    assert readme(hub_server, REPO_OPTIONS).data.to_dict() == {
+        "library_name": "transformers",
+        "license": "cc-by-4.0",
+        "base_model": EXPLICIT_BASE,
+        "pipeline_tag": "fill-mask",
+        "tags": ["posformers", "roformer", "one-tag"],
+    }
+    card = readme(hub_server, REPO_NO_BASE)
+    assert "base_model" not in card.data.to_dict()
+    assert "Base model:" not in card.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("repo_id", [REPO_MLM, REPO_CLS, REPO_OPTIONS])
+def test_push_is_one_commit_with_weights_and_card(pushed, hub_server, repo_id):
+    history = hub_server.history(repo_id)
+    assert [commit.title for commit in history][1:] == ["initial commit"]
+    assert {"README.md", "model.safetensors", "config.json"} <= set(history[0].files)
+    if repo_id == REPO_MLM:
+        assert history[0].oid == pushed["steps"]["push_mlm"]  # what push_to_hub returned
+
+
+@pytest.mark.slow
+def test_save_pretrained_push_uploads_only_what_it_wrote(pushed, hub_server):
+    assert STALE_FILE not in hub_server.list_files(REPO_CLS)
 
 
 @pytest.mark.slow
