@@ -32,7 +32,7 @@ from pathlib import Path
 
 import datasets
 
-from .common import BadExamples, DataError
+from .errors import BadExamples, DataError
 
 logger = logging.getLogger(__name__)
 

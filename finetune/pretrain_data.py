@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast, TrainerCallback
 
-from .common import ArgumentError, DataError
+from .errors import ArgumentError, DataError
 
 logger = logging.getLogger(__name__)
 

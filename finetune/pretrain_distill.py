@@ -57,7 +57,7 @@ from transformers import AutoModelForMaskedLM, DataCollatorWithPadding, Trainer
 
 from posformers import LittleBirdForMaskedLM
 
-from .common import ArgumentError
+from .errors import ArgumentError
 from .pretrain_data import MASK_SEED, _example_generator
 
 IGNORE_INDEX = -100

@@ -52,7 +52,8 @@ from transformers.modeling_outputs import ModelOutput
 
 from posformers.deberta import DebertaConfig, DebertaForMaskedLM, DebertaForReplacedTokenDetection
 
-from .common import ArgumentError, OutputDirError, parse_overrides
+from .errors import ArgumentError, OutputDirError
+from .loading import parse_overrides
 from .pretrain_data import mlm_metrics, mlm_sums
 
 logger = logging.getLogger(__name__)

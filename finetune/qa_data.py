@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from .common import BadExamples, DataError
+from .errors import BadExamples, DataError
 from .qa_html import html_to_text
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """A Trainer for extractive question answering on transformers 5.x.
 
 Evaluation runs the model over the windows (features), turns their start/end logits into one answer per example
-(qa_features.postprocess_predictions), scores the answers (qa_metrics) and logs the scores with the `eval_` prefix,
+(qa_features.postprocess_predictions), scores the answers (posformers' `evaluate` modules "squad" and "squad_v2",
+finetune/metrics, computed by qa_metrics) and logs the scores with the `eval_` prefix,
 so `eval_strategy=steps|epoch`, `metric_for_best_model="f1"` and `load_best_model_at_end` work as for any metric.
 Unlike the old example subclass it overrides only `evaluate` and `predict` and leaves Trainer's own evaluation loop,
 logging and callbacks in charge (the 5.x loop, accelerate's gathering across processes, speed metrics).
@@ -9,6 +10,7 @@ logging and callbacks in charge (the 5.x loop, accelerate's gathering across pro
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -16,8 +18,9 @@ from collections.abc import Callable
 from transformers import Trainer
 from transformers.trainer_utils import PredictionOutput, speed_metrics
 
+from . import metrics
 from .qa_features import POSTPROCESS_COLUMNS, QAPredictions, postprocess_predictions
-from .qa_metrics import NORMALIZERS, squad_v1, squad_v2
+from .qa_metrics import NORMALIZERS
 
 
 def references_of(examples) -> dict[str, list[str]]:
@@ -26,16 +29,39 @@ def references_of(examples) -> dict[str, list[str]]:
     return {e["id"]: (e["aliases"] if has_aliases and e["aliases"] else e["answers"]["text"]) for e in examples}
 
 
+@functools.cache
+def _metric(name: str, config_name: str | None = None):
+    """One loaded `evaluate` module per kind, reused by every evaluation of the process."""
+    return metrics.load(name, config_name)
+
+
 def score_predictions(
     examples, predictions: QAPredictions, version_2_with_negative: bool, normalizer: str = "squad"
 ) -> dict:
-    """SQuAD v1.1 metrics (exact_match, f1), or v2.0's (exact, f1, HasAns_/NoAns_, best thresholds)."""
+    """SQuAD v1.1 metrics (exact_match, f1), or v2.0's (exact, f1, HasAns_/NoAns_, best thresholds); `normalizer`
+    "triviaqa" scores v1 with TriviaQA's normalisation."""
     references = references_of(examples)
+    golds = [  # the metrics read only the texts: answer_start is a placeholder (aliases have none)
+        {"id": qid, "answers": {"text": list(texts), "answer_start": [-1] * len(texts)}}
+        for qid, texts in references.items()
+    ]
     if version_2_with_negative:
-        return squad_v2(predictions.predictions, references, predictions.null_odds)
+        null_odds = predictions.null_odds or {}
+        answers = [
+            {
+                "id": qid,
+                "prediction_text": predictions.predictions[qid],
+                "no_answer_probability": null_odds.get(qid, 0.0),
+            }
+            for qid in references
+        ]
+        return _metric("squad_v2").compute(predictions=answers, references=golds)
     if normalizer not in NORMALIZERS:
         raise ValueError(f"normalizer must be one of {sorted(NORMALIZERS)}, got {normalizer!r}")
-    return squad_v1(predictions.predictions, references, normalizer)
+    answers = [{"id": qid, "prediction_text": predictions.predictions[qid]} for qid in references]
+    return _metric("squad", None if normalizer == "squad" else normalizer).compute(
+        predictions=answers, references=golds
+    )
 
 
 class QuestionAnsweringTrainer(Trainer):

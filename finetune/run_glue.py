@@ -12,11 +12,12 @@ Also `python -m posformers.finetune.run_glue` and, in Python, `posformers.finetu
 `TrainingArguments` flag works (`--eval_strategy`, `--save_steps`, `--push_to_hub`, `--resume_from_checkpoint True`,
 `--ddp_backend`, `--fsdp`, `--deepspeed`, ...); under torchrun / accelerate launch Trainer runs it distributed.
 
-What it writes into --output_dir: the model and tokenizer (`save_pretrained`), train/eval/predict `*_results.json`
+What it writes into --output_dir: the model and tokenizer (`save_pretrained`), train/eval `*_results.json`
 and `all_results.json`, and for --do_predict the test predictions in GLUE's submission format: `<TASK>.tsv`
 (`SST-2.tsv`, `MNLI-m.tsv` and `MNLI-mm.tsv`, ...; `predictions.tsv` for custom data) with `index\\tprediction`
 lines, label names for classification and scores for STS-B. MNLI is evaluated on validation_matched (`eval_*`) and
-validation_mismatched (`eval_mm_*`). Metrics: finetune/glue_metrics.py. Data rules: finetune/glue_data.py.
+validation_mismatched (`eval_mm_*`). Metrics: the `evaluate` module finetune/metrics/glue (computed by
+finetune/glue_metrics.py). Data rules: finetune/glue_data.py.
 
 Bad data stops the script before training with one line naming file, line and column (exit status 1):
 unknown task, missing text or label columns, labels outside the task's label set, empty files, malformed rows
@@ -30,28 +31,23 @@ import logging
 from pathlib import Path
 
 import numpy as np
-from transformers import AutoModelForSequenceClassification, EvalPrediction, Trainer, TrainingArguments, set_seed
-
-from .common import (
-    DataError,
-    ModelArguments,
-    ModelInputsCollator,
-    RunArguments,
-    SampleLogCallback,
-    ThroughputCallback,
-    count_tokens,
-    exit_on_data_error,
-    fit_config_to_tokenizer,
-    load_config,
-    load_model,
-    load_tokenizer,
-    parse_arguments,
-    prepare_output_dir,
-    report_metrics,
-    setup_logging,
+from transformers import (
+    AutoModelForSequenceClassification,
+    DataCollatorWithPadding,
+    EvalPrediction,
+    Trainer,
+    TrainingArguments,
+    set_seed,
 )
+
+from . import metrics
+from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
+from .errors import DataError, exit_on_data_error
 from .glue_data import GlueTask, Table, get_task, read_files, read_hub, split_files, submission_name
-from .glue_metrics import TASK_METRICS, glue_metrics
+from .glue_metrics import TASK_METRICS
+from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
+from .reporting import ThroughputCallback, count_tokens, setup_logging
+from .stages import run_stages
 
 logger = logging.getLogger(__name__)
 
@@ -140,8 +136,9 @@ def limit(table: Table, count: int | None) -> Table:
     return table
 
 
-def tokenize(table: Table, tokenizer, data_args: DataTrainingArguments, keep_ids: bool):
-    """A datasets.Dataset of input_ids, attention_mask (token_type_ids), label, and idx when `keep_ids`."""
+def tokenize(table: Table, tokenizer, data_args: DataTrainingArguments):
+    """A datasets.Dataset of input_ids, attention_mask (token_type_ids), label and idx (the example id, which Trainer
+    drops before batching: the model does not take it)."""
     dataset = table.to_dataset()
     pair = "text_pair" in dataset.column_names
     padding = "max_length" if data_args.pad_to_max_length else False
@@ -156,8 +153,6 @@ def tokenize(table: Table, tokenizer, data_args: DataTrainingArguments, keep_ids
         )
 
     removed = ["text", "text_pair"] if pair else ["text"]
-    if not keep_ids:
-        removed.append("idx")
     return dataset.map(encode, batched=True, remove_columns=removed, num_proc=data_args.preprocessing_num_workers)
 
 
@@ -223,7 +218,8 @@ def logits_to_predictions(logits, regression: bool) -> np.ndarray:
 
 
 def make_compute_metrics(task: GlueTask | None, label_names: tuple[str, ...] | None):
-    """Trainer's compute_metrics: the task's GLUE metrics; accuracy (or correlations) for custom data.
+    """Trainer's compute_metrics: the task's GLUE metrics (posformers' `evaluate` module "glue", see
+    finetune/metrics); accuracy (or correlations) for custom data.
 
     Ids are mapped back to the task's own label order first (they differ for a checkpoint that kept its order, see
     align_with_checkpoint), so that F1 is always that of GLUE's positive class.
@@ -233,12 +229,13 @@ def make_compute_metrics(task: GlueTask | None, label_names: tuple[str, ...] | N
     to_task_id = None
     if task is not None and not regression:
         to_task_id = np.array([task.label_names.index(name) for name in label_names])
+    metric = metrics.load("glue", config_name=metric_task)
 
     def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
         predictions, labels = logits_to_predictions(prediction.predictions, regression), prediction.label_ids
         if to_task_id is not None:
             predictions, labels = to_task_id[predictions], to_task_id[labels]
-        return glue_metrics(metric_task, predictions, labels)
+        return metric.compute(predictions=predictions, references=labels)
 
     return compute_metrics
 
@@ -289,48 +286,38 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     train_dataset = None
     if training_args.do_train:
-        train_dataset = tokenize(limit(tables["train"], data_args.max_train_samples), tokenizer, data_args, True)
+        train_dataset = tokenize(limit(tables["train"], data_args.max_train_samples), tokenizer, data_args)
     eval_splits = splits_for(task, tables, "validation") if training_args.do_eval else []
     eval_datasets = {
-        split: tokenize(limit(tables[split], data_args.max_eval_samples), tokenizer, data_args, False)
-        for split in eval_splits
+        split: tokenize(limit(tables[split], data_args.max_eval_samples), tokenizer, data_args) for split in eval_splits
     }
 
     count_tokens(training_args)
-    training_args.remove_unused_columns = False  # ModelInputsCollator keeps what the model takes (and logs ids)
     trainer = Trainer(
         model=model,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_datasets.get(eval_splits[0]) if eval_splits else None,
         processing_class=tokenizer,
-        data_collator=ModelInputsCollator(tokenizer, model, pad_to_multiple_of=8 if training_args.fp16 else None),
+        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None),
         compute_metrics=make_compute_metrics(task, label_names),
-        callbacks=[ThroughputCallback(), SampleLogCallback()],
+        callbacks=[ThroughputCallback()],
     )
 
-    results: dict[str, float] = {}
-    if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()  # the model and the tokenizer
-        metrics = {**train_result.metrics, "train_samples": len(train_dataset)}
-        report_metrics(trainer, "train", metrics)
-        trainer.save_state()
-        results.update(metrics)
-
-    if eval_splits:
-        metrics = {}
+    def evaluate() -> dict[str, float]:
+        """Every validation split: MNLI's mismatched one under `eval_mm_*`."""
+        scores = {}
         for split, dataset in eval_datasets.items():
             prefix = "eval_mm" if split.endswith("mismatched") else "eval"
-            metrics.update(trainer.evaluate(eval_dataset=dataset, metric_key_prefix=prefix))
-            metrics[f"{prefix}_samples"] = len(dataset)
-        report_metrics(trainer, "eval", metrics)
-        results.update(metrics)
+            scores.update(trainer.evaluate(eval_dataset=dataset, metric_key_prefix=prefix))
+            scores[f"{prefix}_samples"] = len(dataset)
+        return scores
 
-    if training_args.do_predict:
+    def predict() -> dict:
+        """The test predictions in GLUE's submission format (no metrics: test sets have no labels)."""
         for split in splits_for(task, tables, "test"):
             table = limit(tables[split], data_args.max_predict_samples)
-            dataset = tokenize(table, tokenizer, data_args, False)
+            dataset = tokenize(table, tokenizer, data_args)
             if "label" in dataset.column_names:
                 dataset = dataset.remove_columns("label")  # predict only: the submission has no labels
             output = trainer.predict(dataset, metric_key_prefix="predict")
@@ -340,13 +327,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 path = Path(training_args.output_dir) / f"{name}.tsv"
                 write_predictions(path, [example.idx for example in table.examples], predictions, label_names)
                 logger.info("wrote %s", path)
+        return {}
 
-    if training_args.push_to_hub:  # on every process: it saves first (a collective under FSDP), then rank 0 uploads
-        card = {"finetuned_from": model_args.model_name_or_path, "tasks": "text-classification"}
-        if task is not None:
-            card.update(language="en", dataset_tags="glue", dataset_args=task.name, dataset=f"GLUE {task.name.upper()}")
-        trainer.push_to_hub(**card)
-    return results
+    card = {"finetuned_from": model_args.model_name_or_path, "tasks": "text-classification"}
+    if task is not None:
+        card.update(language="en", dataset_tags="glue", dataset_args=task.name, dataset=f"GLUE {task.name.upper()}")
+    return run_stages(
+        trainer,
+        checkpoint,
+        train_samples=len(train_dataset) if train_dataset is not None else None,
+        evaluate=evaluate,
+        predict=predict,
+        card=card,
+    )
 
 
 if __name__ == "__main__":

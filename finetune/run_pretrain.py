@@ -40,21 +40,9 @@ from pathlib import Path
 
 from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
-from .common import (
-    ArgumentError,
-    ModelArguments,
-    RunArguments,
-    ThroughputCallback,
-    count_tokens,
-    exit_on_data_error,
-    load_config,
-    load_model,
-    load_tokenizer,
-    parse_arguments,
-    prepare_output_dir,
-    report_metrics,
-    setup_logging,
-)
+from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
+from .errors import ArgumentError, exit_on_data_error
+from .loading import load_config, load_model, load_tokenizer
 from .pretrain_data import (
     MaskEpochCallback,
     MaskingCollator,
@@ -68,6 +56,8 @@ from .pretrain_data import (
 )
 from .pretrain_distill import DistillArguments, DistillationTrainer, PaddingInsertionCollator, load_teacher
 from .pretrain_rtd import RTDArguments, RTDTrainer, build_rtd_model, preprocess_rtd_logits, rtd_metrics
+from .reporting import ThroughputCallback, count_tokens, setup_logging
+from .stages import run_stages
 
 logger = logging.getLogger(__name__)
 
@@ -258,27 +248,22 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             **common,
         )
 
-    results: dict[str, float] = {}
-    if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()
-        metrics = dict(train_result.metrics)
-        if not data_args.streaming:
-            metrics["train_samples"] = len(packed["train"])
-        report_metrics(trainer, "train", metrics)
-        trainer.save_state()
-        results.update(metrics)
-
-    if training_args.do_eval:
+    def evaluate() -> dict[str, float]:
         metrics = trainer.evaluate()
         if not data_args.streaming:
             metrics["eval_samples"] = len(packed["validation"])
-        report_metrics(trainer, "eval", metrics)
-        results.update(metrics)
+        return metrics
 
-    if training_args.push_to_hub and trainer.is_world_process_zero():
-        tasks = "fill-mask" if objective == "mlm" else "feature-extraction"
-        trainer.push_to_hub(finetuned_from=model_args.model_name_or_path, tasks=tasks)
+    results = run_stages(
+        trainer,
+        checkpoint,
+        train_samples=None if data_args.streaming else len(packed["train"]),
+        evaluate=evaluate,
+        card={
+            "finetuned_from": model_args.model_name_or_path,
+            "tasks": "fill-mask" if objective == "mlm" else "feature-extraction",
+        },
+    )
     if trainer.is_world_process_zero():
         logger.info("pre-trained model written to %s", Path(training_args.output_dir).resolve())
     return results

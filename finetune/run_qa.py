@@ -68,26 +68,14 @@ from transformers import (
     set_seed,
 )
 
-from .common import (
-    ArgumentError,
-    BadExamples,
-    DataError,
-    ModelArguments,
-    RunArguments,
-    ThroughputCallback,
-    count_tokens,
-    exit_on_data_error,
-    load_config,
-    load_model,
-    load_tokenizer,
-    parse_arguments,
-    prepare_output_dir,
-    report_metrics,
-    setup_logging,
-)
+from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
+from .errors import ArgumentError, BadExamples, DataError, exit_on_data_error
+from .loading import load_config, load_model, load_tokenizer
 from .qa_data import DATA_FORMATS, KORQUAD_MODES, check_examples, hub_examples, load_qa_file
 from .qa_features import postprocess_predictions, prepare_features
 from .qa_trainer import QuestionAnsweringTrainer, score_predictions
+from .reporting import ThroughputCallback, count_tokens, setup_logging
+from .stages import run_stages
 
 logger = logging.getLogger(__name__)
 
@@ -331,32 +319,29 @@ def main(argv: list[str] | None = None) -> dict | None:
         callbacks=[ThroughputCallback()],
     )
 
-    results = {}
-    if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()
-        metrics = {**train_result.metrics, "train_samples": len(datasets_["train"][1])}
-        report_metrics(trainer, "train", metrics)
-        trainer.save_state()
-        results.update(metrics)
-    if training_args.do_eval:
+    def evaluate() -> dict:
         metrics = {**trainer.evaluate(), "eval_samples": len(eval_examples)}
-        report_metrics(trainer, "eval", metrics)
         trainer.last_predictions.write(training_args.output_dir, "eval")
-        results.update(metrics)
-    if training_args.do_predict:
+        return metrics
+
+    def predict() -> dict:
         test_examples, test_features = datasets_["test"]
         output = trainer.predict(test_features, test_examples, metric_key_prefix="predict")
-        metrics = {**output.metrics, "predict_samples": len(test_examples)}
-        report_metrics(trainer, "predict", metrics)
         trainer.last_predictions.write(training_args.output_dir, "predict")
-        results.update(metrics)
-    if training_args.push_to_hub:
-        card = {"finetuned_from": model_args.model_name_or_path, "tasks": "question-answering"}
-        if data_args.dataset_name:
-            card["dataset"] = data_args.dataset_name
-        trainer.push_to_hub(**{key: value for key, value in card.items() if value})
-    return results
+        return {**output.metrics, "predict_samples": len(test_examples)}
+
+    return run_stages(
+        trainer,
+        checkpoint,
+        train_samples=len(datasets_["train"][1]) if "train" in datasets_ else None,
+        evaluate=evaluate,
+        predict=predict,
+        card={
+            "finetuned_from": model_args.model_name_or_path,
+            "tasks": "question-answering",
+            "dataset": data_args.dataset_name,
+        },
+    )
 
 
 if __name__ == "__main__":

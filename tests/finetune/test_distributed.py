@@ -1,38 +1,48 @@
-"""posformers-glue under `torchrun --nproc_per_node 2` on CPU (gloo): it completes, the two processes train on
-different examples, and the saved model is the one the processes ended training with.
+"""posformers-glue and posformers-pretrain under `torchrun --nproc_per_node 2` on CPU (gloo): the run completes, the
+two processes train on different examples, the saved model is the one the processes ended training with, and
+--push_to_hub runs on every process (Trainer saves there first, a collective under FSDP) and uploads the saved model.
 
-How the test sees inside the processes: with POSFORMERS_SAMPLE_LOG=<folder> set, finetune/common.py's
-ModelInputsCollator appends the example ids (`idx`) of each training batch it builds to <folder>/rank<R>.txt, and
-SampleLogCallback writes <folder>/rank<R>-final.json (global step and a SHA-256 of the weights) when training ends.
-Only the training set keeps its `idx` column, so the log holds exactly the examples each process trained on.
+How the test sees inside the processes: torchrun runs the script through tests/helpers/sample_log.py, which wraps
+its Trainer: each process writes the example ids (`idx`) of each training batch to <folder>/rank<R>.txt,
+<folder>/rank<R>-final.json (global step and a SHA-256 of the weights) when training ends, and <folder>/rank<R>-push
+when it enters Trainer.push_to_hub.
 """
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import QUIET, tiny_model_args
+from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
+from helpers import python_env, sample_log
+from helpers.pretrain_corpus import QUICK, TINY, write_corpus
 from transformers import AutoModelForSequenceClassification
 from transformers.trainer_pt_utils import get_module_class_from_name
 
 import posformers
 from posformers.finetune import run_glue
-from posformers.finetune.common import SAMPLE_LOG_ENV, weights_digest
 
 EXAMPLES, PER_DEVICE_BATCH, PROCESSES = 64, 4, 2
 STEPS = EXAMPLES // (PER_DEVICE_BATCH * PROCESSES)  # exactly one epoch
 
 
-def console_script(name: str) -> str:
-    """The installed console script (beside the venv's python), as users run it."""
-    path = Path(sys.executable).parent / name
-    found = path if path.exists() else shutil.which(name)
-    assert found, f"console script {name} is not installed (pip install -e .)"
-    return str(found)
+def torchrun(script: str, args: list[str], log_dir: Path, cwd: Path, env: dict[str, str] | None = None):
+    """`torchrun --nproc_per_node 2` of finetune/<script>.py with the sample log in `log_dir`; `env`: this process's
+    (offline) by default."""
+    launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
+    env = {key: value for key, value in (os.environ if env is None else env).items() if not key.startswith(launcher)}
+    env.update(OMP_NUM_THREADS="1")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(PROCESSES),
+        sample_log.__file__, str(log_dir), script, *args,
+    ]  # fmt: skip
+    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def check_completed(result) -> None:
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-8000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -58,23 +68,12 @@ def torchrun_run(tmp_path_factory, glue_dir):
         "--ddp_backend", "gloo",
         "--use_cpu",
     ]  # fmt: skip
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))
-    }
-    env.update({SAMPLE_LOG_ENV: str(log_dir), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(PROCESSES),
-        console_script("posformers-glue"), *args,
-    ]  # fmt: skip
-    result = subprocess.run(command, env=env, cwd=work, capture_output=True, text=True, timeout=600)
+    result = torchrun("run_glue", args, log_dir, cwd=work)
     return {"result": result, "work": work, "log_dir": log_dir, "args": args}
 
 
 def test_torchrun_completes(torchrun_run):
-    result = torchrun_run["result"]
-    assert result.returncode == 0, f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-8000:]}"
+    check_completed(torchrun_run["result"])
     assert (torchrun_run["work"] / "out" / "model.safetensors").exists()
     train = json.loads((torchrun_run["work"] / "out" / "train_results.json").read_text())
     assert train["train_samples"] == EXAMPLES
@@ -100,7 +99,7 @@ def test_saved_model_is_what_the_processes_ended_with(torchrun_run):
     assert [final["global_step"] for final in finals] == [STEPS] * PROCESSES
     assert finals[0]["weights_sha256"] == finals[1]["weights_sha256"], "DDP replicas diverged"
     saved = AutoModelForSequenceClassification.from_pretrained(out)
-    assert weights_digest(saved) == finals[0]["weights_sha256"]
+    assert sample_log.weights_digest(saved) == finals[0]["weights_sha256"]
 
 
 def test_rank0_metrics_are_those_of_the_saved_model(torchrun_run, tmp_path):
@@ -122,6 +121,33 @@ def test_rank0_metrics_are_those_of_the_saved_model(torchrun_run, tmp_path):
     assert again["eval_samples"] == reported["eval_samples"] == 48
     assert again["eval_accuracy"] == reported["eval_accuracy"]
     assert again["eval_loss"] == pytest.approx(reported["eval_loss"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_pretrain_push_to_hub_runs_on_every_process(tmp_path, hub_server):
+    """Trainer.push_to_hub saves on every process (under FSDP a collective that hangs when one process skips it),
+    then process 0 uploads: the script must call it on all of them."""
+    log_dir, repo = tmp_path / "sample-log", "user/tiny-mlm-ddp"
+    log_dir.mkdir()
+    corpus = write_corpus(tmp_path / "corpus", train_contexts=20, train_sentences=200, held_out=5)
+    args = [
+        "--model_type", "posformers-roformer", "--config_overrides", TINY["posformers-roformer"],
+        "--tokenizer_name", str(TOKENIZER_DIR),
+        "--train_file", str(corpus["train"]), "--max_seq_length", "32",
+        "--do_train", "--max_steps", "2", "--per_device_train_batch_size", "4", "--learning_rate", "1e-3",
+        "--output_dir", str(tmp_path / "out"), "--ddp_backend", "gloo", "--use_cpu",
+        "--push_to_hub", "--hub_model_id", repo, *QUICK,
+    ]  # fmt: skip
+    env = python_env(tmp_path / "hf-home", endpoint=hub_server.url)
+    check_completed(torchrun("run_pretrain", args, log_dir, cwd=tmp_path, env=env))
+
+    assert sorted(path.name for path in log_dir.glob("rank*-push")) == [f"rank{r}-push" for r in range(PROCESSES)]
+    finals = [json.loads((log_dir / f"rank{rank}-final.json").read_text()) for rank in range(PROCESSES)]
+    assert finals[0]["weights_sha256"] == finals[1]["weights_sha256"], "DDP replicas diverged"
+    pushed = hub_server.read_file(repo, "model.safetensors")
+    assert pushed == (tmp_path / "out" / "model.safetensors").read_bytes()
+    saved = posformers.RoFormerForMaskedLM.from_pretrained(tmp_path / "out")
+    assert sample_log.weights_digest(saved) == finals[0]["weights_sha256"]
 
 
 @pytest.mark.parametrize(

@@ -11,12 +11,13 @@ import pytest
 import torch
 from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers import python_env, run_python
+from helpers.sample_log import sample_log_trainer
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, EvalPrediction
 
 import posformers
 from posformers.finetune import run_glue
-from posformers.finetune.common import SAMPLE_LOG_ENV, BadExamples, DataError
+from posformers.finetune.errors import BadExamples, DataError
 from posformers.finetune.glue_data import GLUE_TASKS, read_files
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -487,15 +488,16 @@ def test_resume_from_checkpoint_ends_like_an_uninterrupted_run(tmp_path, glue_di
     logs = {name: tmp_path / f"log-{name}" for name in ("full", "resumed")}
     for folder in logs.values():
         folder.mkdir()
-    monkeypatch.setenv(SAMPLE_LOG_ENV, str(logs["full"]))
+    trainer_class = run_glue.Trainer
+    monkeypatch.setattr(run_glue, "Trainer", sample_log_trainer(trainer_class, logs["full"]))
     full = glue_main(tmp_path / "full", *args)
-    monkeypatch.delenv(SAMPLE_LOG_ENV)
+    monkeypatch.setattr(run_glue, "Trainer", trainer_class)
     interrupted = tmp_path / "resumed" / "out"
     glue_main(tmp_path / "resumed", *args)
     for entry in interrupted.iterdir():  # keep only checkpoint-2: as if the run had died after step 2
         if entry.name != "checkpoint-2":
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    monkeypatch.setenv(SAMPLE_LOG_ENV, str(logs["resumed"]))
+    monkeypatch.setattr(run_glue, "Trainer", sample_log_trainer(trainer_class, logs["resumed"]))
     resumed = glue_main(tmp_path / "resumed", *args, "--resume_from_checkpoint", "True")
 
     # It did resume: it trained steps 3-6 only, on the batches the uninterrupted run had at those steps.

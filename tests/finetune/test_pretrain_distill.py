@@ -19,7 +19,7 @@ from transformers import (
 )
 
 from posformers import LittleBirdConfig, LittleBirdForMaskedLM
-from posformers.finetune.common import ArgumentError
+from posformers.finetune.errors import ArgumentError
 from posformers.finetune.pretrain_data import MASK_SEED, MaskingCollator, pack_batch, train_tokenizer
 from posformers.finetune.pretrain_distill import (
     DistillArguments,

@@ -14,7 +14,7 @@ from transformers import AutoModelForSequenceClassification
 
 from posformers.deberta import DebertaConfig
 from posformers.finetune import run_glue, run_pretrain
-from posformers.finetune.common import ArgumentError
+from posformers.finetune.errors import ArgumentError
 from posformers.finetune.pretrain_data import MaskingCollator, pack_batch, train_tokenizer
 from posformers.finetune.pretrain_rtd import (
     DELTA_FILE,

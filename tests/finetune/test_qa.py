@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, BertTokenizerFast
 
 from posformers.finetune import run_qa
-from posformers.finetune.common import BadExamples
+from posformers.finetune.errors import BadExamples
 from posformers.finetune.qa_data import load_qa_file
 from posformers.finetune.qa_features import postprocess_predictions, prepare_features
 from posformers.finetune.qa_trainer import score_predictions

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from helpers.data import DATA_DIR
 
-from posformers.finetune.common import BadExamples, DataError
+from posformers.finetune.errors import BadExamples, DataError
 from posformers.finetune.qa_data import alias_spans, detect_format, load_qa_file
 from posformers.finetune.qa_html import fragment_text, html_to_text
 

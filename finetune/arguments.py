@@ -1,0 +1,145 @@
+"""The fine-tuning scripts' shared arguments and what they decide before any data is read.
+
+model_args, data_args, run_args, training_args = parse_arguments(
+    (ModelArguments, MyDataArguments, RunArguments, TrainingArguments), argv)
+    # argv: a list of CLI words, or one .json / .yaml file naming the fields; None reads sys.argv[1:]
+checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
+    # -> None or the checkpoint folder to resume from; raises OutputDirError for a folder that holds a
+    #    previous run's checkpoints/results when neither --overwrite_output_dir nor --resume_from_checkpoint
+    #    is given. `--resume_from_checkpoint True` means "the last checkpoint-N in output_dir".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from transformers import HfArgumentParser, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+from .errors import OutputDirError
+
+logger = logging.getLogger(__name__)
+
+# What a finished or interrupted run leaves in its output folder: writing a new run over these loses them.
+RUN_ARTIFACTS = ("config.json", "model.safetensors", "pytorch_model.bin", "trainer_state.json", "all_results.json")
+_CHECKPOINT_DIR = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-\d+$")
+
+
+@dataclasses.dataclass
+class ModelArguments:
+    """Which model, config and tokenizer to fine-tune (names as in transformers' example scripts)."""
+
+    model_name_or_path: str | None = dataclasses.field(
+        default=None,
+        metadata={"help": "Pretrained model (folder or Hub repo id). Leave out to train from scratch from a config."},
+    )
+    config_name: str | None = dataclasses.field(
+        default=None,
+        metadata={"help": "Config to use instead of the model's: a folder, a Hub repo id or a config.json file."},
+    )
+    model_type: str | None = dataclasses.field(
+        default=None,
+        metadata={"help": "Train from scratch with this model_type's default config (e.g. posformers-roformer)."},
+    )
+    config_overrides: str | None = dataclasses.field(
+        default=None,
+        metadata={"help": "Config fields to change, e.g. 'hidden_size=64,num_hidden_layers=2' (scratch or not)."},
+    )
+    tokenizer_name: str | None = dataclasses.field(
+        default=None, metadata={"help": "Tokenizer folder or repo id, if not the model's."}
+    )
+    cache_dir: str | None = dataclasses.field(
+        default=None, metadata={"help": "Where downloaded models and datasets are stored."}
+    )
+    model_revision: str = dataclasses.field(
+        default="main", metadata={"help": "Model version on the Hub: branch, tag or commit."}
+    )
+    token: str | None = dataclasses.field(default=None, metadata={"help": "Hub token (default: the cached login)."})
+    trust_remote_code: bool = dataclasses.field(
+        default=False, metadata={"help": "Allow code from the model/dataset repo to run (only for repos you trust)."}
+    )
+    ignore_mismatched_sizes: bool = dataclasses.field(
+        default=False, metadata={"help": "Load a checkpoint whose head has another number of labels (re-initialised)."}
+    )
+
+
+@dataclasses.dataclass
+class RunArguments:
+    """Script options that TrainingArguments does not have (transformers 5 removed `overwrite_output_dir`)."""
+
+    overwrite_output_dir: bool = dataclasses.field(
+        default=False,
+        metadata={"help": "Write into an output_dir that already holds a previous run's checkpoints or results."},
+    )
+    skip_bad_examples: bool = dataclasses.field(
+        default=False, metadata={"help": "Skip malformed examples (and say how many) instead of stopping."}
+    )
+
+
+def parse_arguments(dataclass_types: Iterable[type], argv: list[str] | None = None) -> tuple:
+    """HfArgumentParser over `dataclass_types`; `argv` may be CLI words or a single .json / .yaml file."""
+    parser = HfArgumentParser(tuple(dataclass_types))
+    argv = sys.argv[1:] if argv is None else [str(word) for word in argv]
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
+        return parser.parse_yaml_file(yaml_file=os.path.abspath(argv[0]))
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def previous_run_artifacts(output_dir) -> list[str]:
+    """Names in `output_dir` that a previous run left there (checkpoints, weights, results, trainer state)."""
+    path = Path(output_dir)
+    if not path.is_dir():
+        return []
+    return sorted(
+        entry.name
+        for entry in path.iterdir()
+        if entry.name in RUN_ARTIFACTS
+        or entry.name.endswith("_results.json")
+        or (entry.is_dir() and _CHECKPOINT_DIR.match(entry.name))
+    )
+
+
+def resolve_checkpoint(resume_from_checkpoint: str | None, output_dir) -> str | None:
+    """`--resume_from_checkpoint` as given ("True"/"1": the last checkpoint-N in output_dir) -> a folder or None."""
+    if resume_from_checkpoint is None or str(resume_from_checkpoint).lower() in ("false", "0", ""):
+        return None
+    if str(resume_from_checkpoint).lower() in ("true", "1"):
+        last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+        if last is None:
+            raise OutputDirError(f"--resume_from_checkpoint True: no checkpoint-N folder in {output_dir}")
+        return last
+    if not Path(resume_from_checkpoint).is_dir():
+        raise OutputDirError(f"--resume_from_checkpoint {resume_from_checkpoint}: no such folder")
+    return str(resume_from_checkpoint)
+
+
+def prepare_output_dir(training_args: TrainingArguments, overwrite_output_dir: bool = False) -> str | None:
+    """Check that this run may write into `training_args.output_dir`; return the checkpoint to resume from, if any.
+
+    A folder holding a previous run is only written into when the user says how: resume it (`--resume_from_checkpoint
+    True` or a path) or overwrite it (`--overwrite_output_dir`; files are replaced as the new run writes them, nothing
+    is deleted). Only a training run is checked: evaluating or predicting with a trained folder as output_dir adds
+    results beside the model, which is what the user asked for.
+    """
+    if training_args.output_dir is None:
+        raise OutputDirError("--output_dir is required")
+    checkpoint = resolve_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    training_args.resume_from_checkpoint = checkpoint
+    found = previous_run_artifacts(training_args.output_dir)
+    if training_args.do_train and found and checkpoint is None and not overwrite_output_dir:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise OutputDirError(
+            f"{training_args.output_dir} already holds a previous run ({shown}). Pass --resume_from_checkpoint True "
+            "to continue it, --overwrite_output_dir to train over it, or choose another --output_dir."
+        )
+    if checkpoint is not None:
+        logger.info("resuming from %s", checkpoint)
+    return checkpoint

@@ -1,0 +1,118 @@
+"""Config, tokenizer and model of a fine-tuning run, all through the Auto classes after `import posformers`:
+RoFormer, DeBERTa and LittleBird (and any transformers model) load the same way.
+
+    config = load_config(model_args, num_labels=2, finetuning_task="sst2")   # pretrained, config.json or scratch
+    tokenizer = load_tokenizer(model_args)
+    config = fit_config_to_tokenizer(config, tokenizer, model_args)   # from scratch: the tokenizer's vocab size
+    model = load_model(model_args, config, AutoModelForSequenceClassification)
+        # without --model_name_or_path the model is built from the config
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from transformers import AutoConfig, AutoTokenizer
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+import posformers  # noqa: F401  (registers the posformers model types with the Auto classes)
+
+from .arguments import ModelArguments
+from .errors import ArgumentError
+
+logger = logging.getLogger(__name__)
+
+
+def _hub_kwargs(model_args: ModelArguments) -> dict:
+    return {
+        "cache_dir": model_args.cache_dir,
+        "revision": model_args.model_revision,
+        "token": model_args.token,
+        "trust_remote_code": model_args.trust_remote_code,
+    }
+
+
+def config_class_for(model_type: str | None, source: str):
+    """The config class registered for `model_type` (posformers' three are registered on import)."""
+    if model_type not in CONFIG_MAPPING:
+        known = ", ".join(sorted(name for name in CONFIG_MAPPING if "posformers" in name or name == "littlebird"))
+        raise ArgumentError(f"{source}: unknown model_type {model_type!r} (posformers types: {known}, ...)")
+    return CONFIG_MAPPING[model_type]
+
+
+def load_config(model_args: ModelArguments, **config_kwargs):
+    """The model config: --config_name (folder, repo or config.json file), else the model's, else --model_type's
+    defaults; then --config_overrides. `config_kwargs` (num_labels, finetuning_task, ...) are set on it."""
+    if model_args.config_name and Path(model_args.config_name).is_file():
+        config_dict = json.loads(Path(model_args.config_name).read_text(encoding="utf-8"))
+        config = config_class_for(config_dict.get("model_type"), model_args.config_name).from_dict(
+            config_dict, **config_kwargs
+        )
+    elif model_args.config_name or model_args.model_name_or_path:
+        name = model_args.config_name or model_args.model_name_or_path
+        config = AutoConfig.from_pretrained(name, **config_kwargs, **_hub_kwargs(model_args))
+    elif model_args.model_type:
+        # A new config takes the overrides as constructor arguments, so that the fields derived from them in
+        # __post_init__ follow (embedding_size from hidden_size, ...) and the config's own checks see them.
+        config_class = config_class_for(model_args.model_type, "--model_type")
+        overrides = parse_overrides(config_class, model_args.config_overrides)
+        try:
+            return config_class(**{**config_kwargs, **overrides})
+        except ValueError as error:
+            raise ArgumentError(f"--model_type {model_args.model_type} --config_overrides: {error}") from error
+    else:
+        raise ArgumentError("give --model_name_or_path, --config_name or --model_type")
+    if model_args.config_overrides:
+        for key, value in parse_overrides(type(config), model_args.config_overrides).items():
+            setattr(config, key, value)
+    return config
+
+
+def parse_overrides(config_class, overrides: str | None) -> dict:
+    """'hidden_size=64,hidden_act=gelu' -> {"hidden_size": 64, "hidden_act": "gelu"}, typed like the config's fields."""
+    if not overrides:
+        return {}
+    probe = config_class()
+    try:
+        probe.update_from_string(overrides)
+    except ValueError as error:
+        raise ArgumentError(f"--config_overrides {overrides!r}: {error}") from error
+    keys = [item.split("=", 1)[0].strip() for item in overrides.split(",") if item.strip()]
+    return {key: getattr(probe, key) for key in keys}
+
+
+def load_tokenizer(model_args: ModelArguments):
+    """AutoTokenizer from --tokenizer_name or the model; training from scratch needs --tokenizer_name."""
+    name = model_args.tokenizer_name or model_args.model_name_or_path
+    if name is None:
+        raise ArgumentError("training from scratch needs --tokenizer_name (a tokenizer folder or repo id)")
+    return AutoTokenizer.from_pretrained(name, **_hub_kwargs(model_args))
+
+
+def fit_config_to_tokenizer(config, tokenizer, model_args: ModelArguments):
+    """A model built from scratch gets the tokenizer's vocabulary size and padding id (unless --config_overrides set
+    them): a config's defaults (RoFormer's 50,000 Chinese words) are not the tokenizer's (BERT's 30,522)."""
+    if model_args.model_name_or_path is not None:
+        return config
+    overridden = set(parse_overrides(type(config), model_args.config_overrides)) if model_args.model_type else set()
+    if "vocab_size" not in overridden and config.vocab_size != len(tokenizer):
+        logger.info("vocab_size %d -> %d, the tokenizer's", config.vocab_size, len(tokenizer))
+        config.vocab_size = len(tokenizer)
+    if "pad_token_id" not in overridden and tokenizer.pad_token_id is not None:
+        config.pad_token_id = tokenizer.pad_token_id
+    return config
+
+
+def load_model(model_args: ModelArguments, config, auto_class):
+    """`auto_class` (e.g. AutoModelForSequenceClassification) from --model_name_or_path, or a new model from config."""
+    if model_args.model_name_or_path is None:
+        logger.info("training a new %s from scratch", config.model_type)
+        return auto_class.from_config(config, trust_remote_code=model_args.trust_remote_code)
+    return auto_class.from_pretrained(
+        model_args.model_name_or_path,
+        config=config,
+        ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
+        **_hub_kwargs(model_args),
+    )
