@@ -7,6 +7,10 @@ import re
 import pytest
 
 from posformers import demo
+from posformers.demo import DEMO_DATA
+from posformers.finetune.errors import BadExamples
+from posformers.finetune.qa_data import load_qa_file
+from posformers.finetune.qa_metrics import normalize_squad
 
 
 @pytest.mark.slow
@@ -24,8 +28,17 @@ def test_demo_trains_reloads_classifies_and_answers(tmp_path, capsys):
     assert len(re.findall(r"-> (positive|negative) \(\d\.\d\d\)", printed)) == 2
 
     em, f1 = (float(x) for x in re.search(r"exact match (\d+\.\d), F1 (\d+\.\d)", printed).groups())
-    assert 0 <= em <= f1 <= 100
-    assert (out / "qa-littlebird" / "model.safetensors").exists()
+    qa = out / "qa-littlebird"
+    saved = json.loads((qa / "eval_results.json").read_text())
+    assert (em, f1) == (round(saved["eval_exact_match"], 1), round(saved["eval_f1"], 1))
+    assert (qa / "model.safetensors").exists()
+    # The reported exact match is that of the answers it wrote, one per question, each a span of the document.
+    questions = load_qa_file(DEMO_DATA / "qa" / "train.json", "validation", BadExamples(False, "validation"))
+    answers = json.loads((qa / "eval_predictions.json").read_text())
+    assert sorted(answers) == sorted(q["id"] for q in questions)
+    assert all(answers[q["id"]] in q["context"] for q in questions)
+    exact = [normalize_squad(answers[q["id"]]) in map(normalize_squad, q["answers"]["text"]) for q in questions]
+    assert saved["eval_exact_match"] == pytest.approx(100 * sum(exact) / len(questions))
 
 
 def test_demo_never_writes_into_a_folder_it_did_not_make(tmp_path):
