@@ -1,5 +1,6 @@
 """posformers' metrics as `evaluate` modules (finetune/metrics): they load from the package without the network, and
-give scikit-learn's and scipy's numbers for GLUE and hand-computed ones for SQuAD v1.1 / v2.0 and TriviaQA."""
+give scikit-learn's and scipy's numbers for GLUE and hand-computed ones for SQuAD v1.1 / v2.0 and TriviaQA, and
+posformers-glue / posformers-qa score through them."""
 
 import math
 import socket
@@ -9,8 +10,11 @@ import numpy as np
 import pytest
 from scipy import stats
 from sklearn import metrics as sk
+from transformers import EvalPrediction
 
-from posformers.finetune import metrics
+from posformers.finetune import metrics, qa_trainer, run_glue
+from posformers.finetune.glue_data import GLUE_TASKS
+from posformers.finetune.qa_features import QAPredictions
 
 RNG = np.random.default_rng(1)
 
@@ -168,3 +172,52 @@ def test_squad_v2_infinite_null_odds():
     predictions = [{"id": "q", "prediction_text": "", "no_answer_probability": math.inf}]
     result = metrics.load("squad_v2").compute(predictions=predictions, references=[gold("q", "Rhine")])
     assert result["exact"] == 0.0 and result["HasAns_total"] == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The scripts compute through these modules
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def loaded(monkeypatch):
+    """The (name, config_name) of every metric the code under test loads through posformers.finetune.metrics."""
+    calls, real_load = [], metrics.load
+
+    def spy(name, config_name=None, **kwargs):
+        calls.append((name, config_name))
+        return real_load(name, config_name, **kwargs)
+
+    monkeypatch.setattr(metrics, "load", spy)
+    qa_trainer._metric.cache_clear()
+    yield calls
+    qa_trainer._metric.cache_clear()
+
+
+def test_run_glue_scores_through_the_glue_module(loaded):
+    compute = run_glue.make_compute_metrics(GLUE_TASKS["mrpc"], ("0", "1"))
+    logits = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])  # predicts 1, 0, 1, 1
+    result = compute(EvalPrediction(predictions=logits, label_ids=np.array([1, 1, 0, 1])))
+    assert loaded == [("glue", "mrpc")]
+    assert result == pytest.approx({"accuracy": 0.5, "f1": 2 / 3, "combined_score": (0.5 + 2 / 3) / 2})
+
+
+@pytest.mark.parametrize(
+    ("version_2", "normalizer", "module"),
+    [
+        (False, "squad", ("squad", None)),
+        (False, "triviaqa", ("squad", "triviaqa")),
+        (True, "squad", ("squad_v2", None)),
+    ],
+)
+def test_run_qa_scores_through_the_squad_modules(loaded, version_2, normalizer, module):
+    examples = [
+        {"id": "a", "answers": {"text": ["Rhine"], "answer_start": [3]}},
+        {"id": "b", "answers": {"text": ["two rivers"], "answer_start": [9]}},
+    ]
+    answers = QAPredictions(predictions={"a": "the Rhine", "b": "rivers"}, nbest={}, null_odds={"a": -1.0, "b": -2.0})
+    result = qa_trainer.score_predictions(examples, answers, version_2, normalizer)
+    assert loaded == [module]
+    # a: exact; b: 1 of 1 predicted token in 2 gold ones, F1 = 2·(1·1/2)/(1+1/2) = 2/3
+    assert result["exact" if version_2 else "exact_match"] == pytest.approx(50.0)
+    assert result["f1"] == pytest.approx(100 * (1 + 2 / 3) / 2)
