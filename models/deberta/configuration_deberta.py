@@ -144,6 +144,33 @@ def parse_norm_rel_ebd(value) -> list[str]:
     return [entry.strip().lower() for entry in str(value or "none").split("|") if entry.strip()]
 
 
+# Copied from posformers.roformer.configuration_roformer.check_integer
+def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None:
+    """`config.<name>` must be an integer (not a bool) of at least `minimum`; the error names the field."""
+    value = getattr(config, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
+
+
+# Copied from posformers.roformer.configuration_roformer.check_probability
+def check_probability(config: PreTrainedConfig, name: str) -> None:
+    """`config.<name>` (a dropout probability) must be a number in [0, 1)."""
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
+
+
+# Copied from posformers.roformer.configuration_roformer.check_pad_token_id
+def check_pad_token_id(config: PreTrainedConfig) -> None:
+    """`config.pad_token_id` must be None or a row of the word embeddings."""
+    if config.pad_token_id is not None and not 0 <= config.pad_token_id < config.vocab_size:
+        raise ValueError(
+            f"{type(config).__name__}.pad_token_id ({config.pad_token_id}) must be in "
+            f"[0, vocab_size={config.vocab_size})"
+        )
+
+
 class DebertaConfig(PreTrainedConfig):
     r"""
     Configuration of a posformers DeBERTa model (v1, v2 or v3). Defaults give microsoft/deberta-v3-base;
@@ -248,11 +275,12 @@ class DebertaConfig(PreTrainedConfig):
                 config_dict["pos_att_type"] = []
         return config_dict, kwargs
 
+    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_preset with RoFormer->Deberta
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "DebertaConfig":
-        """A config for one of the published checkpoints (`PRESETS`), with optional overrides."""
+        """A config of one of the sizes in `PRESETS`, with optional overrides."""
         if name not in PRESETS:
-            raise ValueError(f"Unknown DeBERTa preset {name!r}; choose one of {sorted(PRESETS)}")
+            raise ValueError(f"Unknown preset {name!r} for {cls.__name__}; choose one of {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
 
     @property
@@ -278,13 +306,6 @@ class DebertaConfig(PreTrainedConfig):
 
     def validate_fields(self):
         """Check every field; runs on creation and again when a model is built (fields may change in between)."""
-
-        def integer(name, minimum):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-                raise ValueError(f"DebertaConfig.{name} must be {kind}, got {value!r}")
-
         for name in (
             "vocab_size",
             "hidden_size",
@@ -295,32 +316,28 @@ class DebertaConfig(PreTrainedConfig):
             "embedding_size",
             "pooler_hidden_size",
         ):
-            integer(name, 1)
+            check_integer(self, name)
         for name in ("type_vocab_size", "conv_kernel_size", "emd_steps"):
-            integer(name, 0)
-        integer("max_relative_positions", -1)
-        integer("position_buckets", -1)
+            check_integer(self, name, 0)
+        check_integer(self, "max_relative_positions", -1)
+        check_integer(self, "position_buckets", -1)
         if self.attention_head_size is not None:
-            integer("attention_head_size", 1)
+            check_integer(self, "attention_head_size")
         if self.head_dim * self.num_attention_heads != self.hidden_size:
             raise ValueError(
                 f"DebertaConfig: num_attention_heads ({self.num_attention_heads}) x attention_head_size "
                 f"({self.head_dim}) must equal hidden_size ({self.hidden_size})"
             )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "pooler_dropout", "cls_dropout"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value < 1.0:
-                raise ValueError(f"DebertaConfig.{name} must be in [0, 1), got {value}")
+            if getattr(self, name) is not None:  # cls_dropout=None means hidden_dropout_prob
+                check_probability(self, name)
         for name in ("hidden_act", "pooler_hidden_act", "conv_act"):
             if getattr(self, name) not in ACT2FN:
                 raise ValueError(
                     f"DebertaConfig.{name} must name an activation of transformers.activations.ACT2FN, "
                     f"got {getattr(self, name)!r}"
                 )
-        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(
-                f"DebertaConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})"
-            )
+        check_pad_token_id(self)
         if self.projection_layout not in PROJECTION_LAYOUTS:
             raise ValueError(
                 f"DebertaConfig.projection_layout must be one of {PROJECTION_LAYOUTS}, got {self.projection_layout!r}"

@@ -10,7 +10,8 @@ Speed: the content-to-position and position-to-content scores are computed per l
 gathered once into an additive (L x L) bias (one index per query/key pair) and handed to
 `scaled_dot_product_attention`; nothing is repeated per batch element and relative positions are built once per
 forward. Only the rows of the relative embedding table that the sequence length can reach are used. In inference the
-projections of that table (weights only) are cached per layer and the position buffers are shared by the layers.
+projections of that table (weights only) are cached per layer and the position buffers are shared by the layers
+(`InferenceCache`).
 
 This file imports only torch, transformers and its sibling `configuration_deberta.py`: `save_pretrained` copies both
 to the Hub for `trust_remote_code` users.
@@ -35,8 +36,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.utils import ModelOutput, logging
-from transformers.utils.import_utils import is_torchdynamo_compiling
+from transformers.utils import ModelOutput, is_torchdynamo_compiling, logging
 
 from .configuration_deberta import DebertaConfig, parse_norm_rel_ebd
 
@@ -88,18 +88,14 @@ class RelativePositions:
     c2p_index: (L, L) long, `num_rows - 1 - r(i, j)`: the column of the content-to-position table, whose rows run in
         reverse so that each query reads its table row front to back (r(i, j) decreases along j);
     p2c_index: (L, L) long, `r(i, j)`: the row of the position-to-content table for query i and key j.
-    table_key: identifies the relative table's parameters when the layers may reuse their projections of it
-        (inference), else None.
-    workspace: in inference, the tables and the (B, H, L, L) bias every layer writes go to buffers shared by the
-        layers: fresh multi-megabyte allocations cost page faults on every layer otherwise.
+    cache: in inference, what the layers reuse instead of recomputing or reallocating (`InferenceCache`), else None.
     """
 
     c2p_index: torch.Tensor
     p2c_index: torch.Tensor
     first_row: int
     num_rows: int
-    table_key: tuple | None = None  # set by the encoder when position projections may be cached
-    workspace: dict | None = None  # inference only: buffers the layers reuse instead of allocating their own
+    cache: "InferenceCache | None" = None  # set by the encoder in inference
     _p2c_flat_index: torch.Tensor | None = None
 
     @property
@@ -185,48 +181,71 @@ def gather_position_bias(
     return bias
 
 
-def _buffer(workspace: dict, name: str, shape, like: torch.Tensor) -> torch.Tensor:
-    """A buffer kept in `workspace` across layers, reallocated only when the shape or dtype changes."""
-    buffer = workspace.get(name)
-    if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or buffer.device != like.device:
-        buffer = workspace[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
-    return buffer
-
-
 def position_bias(query, key, pos_key, pos_query, positions: RelativePositions) -> torch.Tensor | None:
-    """`gather_position_bias(*position_score_tables(...))`. In inference (`positions.workspace` set) it works on one
-    batch element at a time (half the heads at a time for a single sequence) into buffers shared by all layers: the
-    tables and the p2c term then take a fraction of the memory, stay closer to the cache, and no layer pays for fresh
-    multi-megabyte allocations (page faults)."""
-    workspace = positions.workspace
-    if workspace is None or (pos_key is None and pos_query is None):
-        return gather_position_bias(*position_score_tables(query, key, pos_key, pos_query), positions)
-    batch, heads, length = query.shape[:3]
-    rows = (pos_key if pos_key is not None else pos_query).shape[1]
-    bias = _buffer(workspace, "bias", (batch, heads, length, length), query)
-    step = -(-heads // 2) if batch == 1 else heads
-    for item in range(batch):
-        for start in range(0, heads, step):
-            chunk = slice(start, start + step)
-            count = min(step, heads - start)
-            c2p_table = p2c_table = None
-            if pos_key is not None:
-                c2p_table = _buffer(workspace, f"c2p{count}", (1, count, length, rows), query)
-                torch.matmul(query[item, chunk], pos_key[chunk].transpose(-1, -2), out=c2p_table[0])
-            if pos_query is not None:
-                p2c_table = _buffer(workspace, f"p2c{count}", (1, count, rows, length), query)
-                torch.matmul(pos_query[chunk], key[item, chunk].transpose(-1, -2), out=p2c_table[0])
-            scratch = _buffer(workspace, f"scratch{count}", (1, count, length, length), query)
-            out = bias[item : item + 1, chunk]  # contiguous: one batch element, consecutive heads
-            gather_position_bias(c2p_table, p2c_table, positions, out=out, scratch=scratch)
-    return bias
+    """`gather_position_bias(*position_score_tables(...))`, or in inference the same through `positions.cache`."""
+    if positions.cache is not None and (pos_key is not None or pos_query is not None):
+        return positions.cache.position_bias(query, key, pos_key, pos_query, positions)
+    return gather_position_bias(*position_score_tables(query, key, pos_key, pos_query), positions)
 
 
-def _cache_key(*tensors) -> tuple:
-    """Identity of the current values of some parameters: storage, in-place version, dtype and device."""
+def parameters_key(*tensors) -> tuple:
+    """Identity of the current values of some parameters: storage, in-place version, dtype, device and shape."""
     return tuple(
         (t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)) if t is not None else None for t in tensors
     )
+
+
+class InferenceCache:
+    """What the layers reuse in inference (eval mode, no autograd, no autocast, not compiling) instead of recomputing
+    or reallocating it. The encoder makes one per forward pass, from the parameters of its relative table.
+
+    - Each layer's projections of the whole relative table depend on weights only: `position_projections` keeps them
+      on the attention module until the table or a parameter of the module changes (in-place updates included).
+    - The score tables and the (B, H, L, L) bias every layer writes go to buffers shared by the layers (`buffer`):
+      fresh multi-megabyte allocations cost page faults on every layer otherwise.
+    """
+
+    def __init__(self, table_parameters):
+        self.table_key = parameters_key(*table_parameters)
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def buffer(self, name: str, shape, like: torch.Tensor) -> torch.Tensor:
+        """A buffer kept across layers, reallocated only when the shape, dtype or device changes."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or buffer.device != like.device:
+            buffer = self._buffers[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return buffer
+
+    def position_projections(self, module: nn.Module, rel_embeddings: torch.Tensor, project):
+        """`project(rel_embeddings)`, computed once per value of the table and of `module`'s parameters."""
+        key = (self.table_key, parameters_key(*module.parameters()))
+        cached = getattr(module, "_position_cache", None)
+        if cached is None or cached[0] != key:
+            cached = module._position_cache = (key, project(rel_embeddings))
+        return cached[1]
+
+    def position_bias(self, query, key, pos_key, pos_query, positions: RelativePositions) -> torch.Tensor:
+        """`position_bias`, one batch element at a time (half the heads at a time for a single sequence) into the
+        shared buffers: the tables and the p2c term then take a fraction of the memory and stay closer to the cache."""
+        batch, heads, length = query.shape[:3]
+        rows = (pos_key if pos_key is not None else pos_query).shape[1]
+        bias = self.buffer("bias", (batch, heads, length, length), query)
+        step = -(-heads // 2) if batch == 1 else heads
+        for item in range(batch):
+            for start in range(0, heads, step):
+                chunk = slice(start, start + step)
+                count = min(step, heads - start)
+                c2p_table = p2c_table = None
+                if pos_key is not None:
+                    c2p_table = self.buffer(f"c2p{count}", (1, count, length, rows), query)
+                    torch.matmul(query[item, chunk], pos_key[chunk].transpose(-1, -2), out=c2p_table[0])
+                if pos_query is not None:
+                    p2c_table = self.buffer(f"p2c{count}", (1, count, rows, length), query)
+                    torch.matmul(pos_query[chunk], key[item, chunk].transpose(-1, -2), out=p2c_table[0])
+                scratch = self.buffer(f"scratch{count}", (1, count, length, length), query)
+                out = bias[item : item + 1, chunk]  # contiguous: one batch element, consecutive heads
+                gather_position_bias(c2p_table, p2c_table, positions, out=out, scratch=scratch)
+        return bias
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -376,7 +395,7 @@ class DisentangledSelfAttention(nn.Module):
                     self.pos_q_proj = nn.Linear(config.hidden_size, all_head_size)
                 else:
                     self.pos_query_proj = nn.Linear(config.hidden_size, all_head_size)
-        self.dropout = config.attention_probs_dropout_prob
+        self.attention_dropout = config.attention_probs_dropout_prob
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """(..., L, H * D) -> (..., H, L, D)."""
@@ -427,19 +446,16 @@ class DisentangledSelfAttention(nn.Module):
     def position_projections(self, rel_embeddings: torch.Tensor, positions: RelativePositions):
         """Scaled position keys in reverse row order and position queries of the rows `positions` uses.
 
-        rel_embeddings: the whole (2k, hidden) relative table. The projections depend on weights only, so in
-        inference (eval mode, no autograd, `positions.table_key` set) those of the whole table are computed once and
-        kept until a parameter they read changes; otherwise only the used rows are projected.
+        rel_embeddings: the whole (2k, hidden) relative table. In inference (`positions.cache` set) the projections of
+        the whole table come from the cache (they depend on weights only); otherwise only the used rows are projected.
         """
         first, count = positions.first_row, positions.num_rows
-        if positions.table_key is None:
+        if positions.cache is None:
             rows = self.pos_dropout(rel_embeddings[first : first + count])
             return self.project_positions(rows.flip(0), rows)
-        key = (positions.table_key, _cache_key(*self.parameters()))
-        if getattr(self, "_position_cache", (None,))[0] != key:
-            pos_key, pos_query = self.project_positions(rel_embeddings.flip(0), rel_embeddings)
-            self._position_cache = (key, pos_key, pos_query)
-        _, pos_key, pos_query = self._position_cache
+        pos_key, pos_query = positions.cache.position_projections(
+            self, rel_embeddings, lambda table: self.project_positions(table.flip(0), table)
+        )
         total = rel_embeddings.shape[0]
         if pos_key is not None:
             pos_key = pos_key[:, total - first - count : total - first]
@@ -465,7 +481,9 @@ class DisentangledSelfAttention(nn.Module):
         positions: RelativePositions | None = None,
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
+        **kwargs,
     ):
+        """`**kwargs` (e.g. the Trainer's `num_items_in_batch`) are accepted and unused: the kernels take none."""
         batch_size, seq_len = hidden_states.shape[:2]
         query, key, value = self.project_content(hidden_states, query_states)
         pos_key = pos_query = None
@@ -475,7 +493,7 @@ class DisentangledSelfAttention(nn.Module):
         implementation = self.config._attn_implementation or "eager"
         if output_attentions and implementation != "eager":
             implementation = "eager"  # only the eager kernel returns the weights
-        args = (self.scaling, self.dropout, self.training)
+        args = (self.scaling, self.attention_dropout, self.training)
         if implementation == "flex_attention" and (attention_mask is None or attention_mask.shape[-2] == 1):
             c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query)
             context, weights = flex_attention(query, key, value, c2p_table, p2c_table, positions, attention_mask, *args)
@@ -493,6 +511,7 @@ class DebertaSelfOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerSelfOutput.forward
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
@@ -520,6 +539,7 @@ class DebertaIntermediate(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerIntermediate.forward
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.intermediate_act_fn(self.dense(hidden_states))
 
@@ -531,6 +551,7 @@ class DebertaOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerOutput.forward
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
@@ -553,6 +574,7 @@ class DebertaLayer(GradientCheckpointingLayer):
         positions: RelativePositions | None = None,
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
+        **kwargs,
     ):
         attention_output, weights = self.attention(
             hidden_states,
@@ -561,6 +583,7 @@ class DebertaLayer(GradientCheckpointingLayer):
             positions=positions,
             attention_mask=attention_mask,
             output_attentions=output_attentions,
+            **kwargs,
         )
         layer_output = self.output(self.intermediate(attention_output), attention_output)
         return layer_output, weights
@@ -615,8 +638,8 @@ class DebertaEncoder(nn.Module):
     def get_rel_embedding(self, positions: RelativePositions | None) -> torch.Tensor | None:
         """The relative embedding table, normalised when `norm_rel_ebd` says so: (2k, hidden), or None.
 
-        In inference (eval mode, no autograd, no autocast, not compiling) it also marks `positions` with the identity
-        of the table's parameters, which lets every layer reuse its projections of the table across calls.
+        In inference (eval mode, no autograd, no autocast, not compiling) it also gives `positions` an `InferenceCache`
+        keyed by the table's parameters, which lets every layer reuse its projections of the table across calls.
         """
         if positions is None or not hasattr(self, "rel_embeddings"):
             return None
@@ -632,8 +655,7 @@ class DebertaEncoder(nn.Module):
         )
         if cacheable:
             parameters = (self.rel_embeddings.weight,) + ((norm.weight, norm.bias) if norm is not None else ())
-            positions.table_key = _cache_key(*parameters)
-            positions.workspace = {}
+            positions.cache = InferenceCache(parameters)
         return table
 
     def forward(
@@ -644,7 +666,8 @@ class DebertaEncoder(nn.Module):
         attention_mask: torch.Tensor | None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
-    ):
+        **kwargs,
+    ) -> BaseModelOutput:
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         rel_embeddings = self.get_rel_embedding(positions)
@@ -656,6 +679,7 @@ class DebertaEncoder(nn.Module):
                 positions=positions,
                 attention_mask=attention_mask,
                 output_attentions=output_attentions,
+                **kwargs,
             )
             if i == 0 and hasattr(self, "conv"):
                 hidden_states = self.conv(embedding_output, hidden_states, input_mask)
@@ -663,7 +687,9 @@ class DebertaEncoder(nn.Module):
                 all_hidden_states += (hidden_states,)
             if output_attentions:
                 all_attentions += (weights,)
-        return hidden_states, all_hidden_states, all_attentions
+        return BaseModelOutput(
+            last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -692,13 +718,9 @@ class DebertaPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-def _check_inputs(
-    config: DebertaConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, absolute_positions
-):
-    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch.
-
-    absolute_positions: whether the model reads the absolute position table (input bias or Enhanced Mask Decoder).
-    """
+# Copied from posformers.roformer.modeling_roformer._input_shape
+def _input_shape(input_ids, inputs_embeds, embedding_size: int) -> tuple[int, int]:
+    """(batch, seq_len) of exactly one of input_ids (B, L) or inputs_embeds (B, L, width); else a clear error."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError(
             "Pass exactly one of input_ids or inputs_embeds (got both)"
@@ -710,14 +732,47 @@ def _check_inputs(
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
         shape = tuple(input_ids.shape)
     else:
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.embedding_size:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != embedding_size:
             raise ValueError(
-                f"inputs_embeds must have shape (batch, seq_len, embedding_size={config.embedding_size}), "
-                f"got {tuple(inputs_embeds.shape)}"
+                f"inputs_embeds must have shape (batch, seq_len, {embedding_size}), got {tuple(inputs_embeds.shape)}"
             )
         shape = tuple(inputs_embeds.shape[:2])
     if shape[1] == 0:
         raise ValueError("The input sequence is empty (seq_len = 0)")
+    return shape
+
+
+# Copied from posformers.roformer.modeling_roformer._check_per_token
+def _check_per_token(name: str, tensor: torch.Tensor | None, shape: tuple[int, int]) -> None:
+    """A per-token input (token_type_ids, position_ids) must have shape (batch or 1, seq_len)."""
+    if tensor is not None and (
+        tensor.dim() != 2 or tensor.shape[1] != shape[1] or tensor.shape[0] not in (1, shape[0])
+    ):
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the input has shape {shape}")
+
+
+# Copied from posformers.roformer.modeling_roformer._check_index_ranges
+def _check_index_ranges(checks) -> None:
+    """Each `(name, ids or None, size)` of `checks` must hold indices in [0, size). Not while compiling: reading the
+    values back is a data-dependent branch."""
+    if is_torchdynamo_compiling():
+        return
+    for name, tensor, size in checks:
+        if tensor is None or not tensor.numel():
+            continue
+        low, high = (int(v) for v in torch.aminmax(tensor))  # one pass, one device sync
+        if low < 0 or high >= size:
+            raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
+
+
+def _check_inputs(
+    config: DebertaConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, absolute_positions
+):
+    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch.
+
+    absolute_positions: whether the model reads the absolute position table (input bias or Enhanced Mask Decoder).
+    """
+    shape = _input_shape(input_ids, inputs_embeds, config.embedding_size)
     if attention_mask is not None:
         expected = [shape, (shape[0], shape[1], shape[1])]
         if tuple(attention_mask.shape) not in expected:
@@ -725,13 +780,8 @@ def _check_inputs(
                 f"attention_mask must have shape (batch, seq_len) = {shape} or (batch, seq_len, seq_len), got "
                 f"{tuple(attention_mask.shape)}"
             )
-    for name, tensor in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
-        if tensor is not None and (
-            tensor.dim() != 2 or tensor.shape[1] != shape[1] or tensor.shape[0] not in (1, shape[0])
-        ):
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the input has shape {shape}")
-    if is_torchdynamo_compiling():
-        return
+    _check_per_token("token_type_ids", token_type_ids, shape)
+    _check_per_token("position_ids", position_ids, shape)
     checks = [("input_ids", input_ids, config.vocab_size)]
     if config.type_vocab_size > 0:
         checks.append(("token_type_ids", token_type_ids, config.type_vocab_size))
@@ -742,12 +792,7 @@ def _check_inputs(
                 f"Input of {shape[1]} tokens is longer than max_position_embeddings="
                 f"{config.max_position_embeddings}, the size of the absolute position table this model reads"
             )
-    for name, tensor, size in checks:
-        if tensor is not None and tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= size):
-            raise ValueError(
-                f"{name} must lie in [0, {size}) for this config, got values in "
-                f"[{int(tensor.min())}, {int(tensor.max())}]"
-            )
+    _check_index_ranges(checks)
 
 
 def attention_masks(attention_mask: torch.Tensor | None, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -780,9 +825,11 @@ class DebertaModel(DebertaPreTrainedModel):
         self.encoder = DebertaEncoder(config)
         self.post_init()
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerModel.get_input_embeddings
     def get_input_embeddings(self):
         return self.embeddings.word_embeddings
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerModel.set_input_embeddings
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
@@ -823,16 +870,14 @@ class DebertaModel(DebertaPreTrainedModel):
 
         input_mask, mask = attention_masks(attention_mask, device)
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, input_mask, inputs_embeds)
-        sequence_output, all_hidden_states, all_attentions = self.encoder(
+        output = self.encoder(
             hidden_states,
             self.relative_positions(seq_len, device),
             input_mask,
             mask,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-        )
-        output = BaseModelOutput(
-            last_hidden_state=sequence_output, hidden_states=all_hidden_states, attentions=all_attentions
+            **kwargs,
         )
         return output if return_dict else output.to_tuple()
 
@@ -842,9 +887,29 @@ class DebertaModel(DebertaPreTrainedModel):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+# Copied from posformers.roformer.modeling_roformer._maybe_tuple
 def _maybe_tuple(output, return_dict, config):
+    """The head's `ModelOutput`, or its tuple when `return_dict` (else `config.return_dict`) is off."""
     return_dict = return_dict if return_dict is not None else config.return_dict
     return output if return_dict else output.to_tuple()
+
+
+# Copied from posformers.roformer.modeling_roformer._num_choices
+def _num_choices(head: nn.Module, input_ids, inputs_embeds) -> int:
+    """The choice dimension of a multiple-choice input, or a clear error for an input without one."""
+    reference = input_ids if input_ids is not None else inputs_embeds
+    if reference is None or reference.dim() < 3:
+        raise ValueError(
+            f"{type(head).__name__} expects input_ids of shape (batch, num_choices, seq_len) or inputs_embeds of "
+            "shape (batch, num_choices, seq_len, embedding width)"
+        )
+    return reference.shape[1]
+
+
+# Copied from posformers.roformer.modeling_roformer._flatten_choices
+def _flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor | None:
+    """(B, C, ...) -> (B * C, ...), a tensor of `dims` dimensions with the choices folded into the batch."""
+    return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
 
 
 class DebertaLMPredictionHead(nn.Module):
@@ -880,16 +945,27 @@ class DebertaEnhancedMaskDecoder(nn.Module):
     def forward(
         self,
         sequence_output: torch.Tensor,
-        layer: DebertaLayer | None = None,
-        kv_states: torch.Tensor | None = None,
-        position_embeddings: torch.Tensor | None = None,
-        rel_embeddings: torch.Tensor | None = None,
-        **layer_kwargs,
+        deberta: "DebertaModel | None" = None,
+        layer_input: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """sequence_output: the encoder output (B, L, hidden). With the EMD on, also the base model whose last layer,
+        absolute position table and relative positions it reuses, `layer_input` (the hidden states after layer N-1),
+        and the user's attention mask and position ids. Returns the MLM logits (B, L, vocab)."""
         if self.steps:
-            query_states = kv_states + position_embeddings
+            device, seq_len = sequence_output.device, sequence_output.shape[1]
+            if position_ids is None:
+                position_ids = torch.arange(seq_len, device=device)[None]
+            _, mask = attention_masks(attention_mask, device)
+            positions = deberta.relative_positions(seq_len, device)
+            rel_embeddings = deberta.encoder.get_rel_embedding(positions)
+            layer = deberta.encoder.layer[-1]
+            query_states = layer_input + deberta.embeddings.position_embeddings(position_ids)
             for _ in range(self.steps):
-                query_states, _ = layer(kv_states, rel_embeddings, query_states, **layer_kwargs)
+                query_states, _ = layer(
+                    layer_input, rel_embeddings, query_states, positions=positions, attention_mask=mask
+                )
             sequence_output = query_states
         return self.lm_head(sequence_output)
 
@@ -923,9 +999,11 @@ class DebertaForMaskedLM(DebertaPreTrainedModel):
         self.lm_predictions = DebertaEnhancedMaskDecoder(config)
         self.post_init()
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerForMaskedLM.get_output_embeddings with cls.predictions->lm_predictions.lm_head  # noqa: E501
     def get_output_embeddings(self):
         return self.lm_predictions.lm_head.decoder
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerForMaskedLM.set_output_embeddings with cls.predictions->lm_predictions.lm_head  # noqa: E501
     def set_output_embeddings(self, new_embeddings):
         self.lm_predictions.lm_head.decoder = new_embeddings
         if new_embeddings.bias is not None:
@@ -954,22 +1032,15 @@ class DebertaForMaskedLM(DebertaPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=True if decoder.steps else output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         emd_inputs = {}
         if decoder.steps:
-            deberta = self.deberta
-            device, seq_len = outputs.last_hidden_state.device, outputs.last_hidden_state.shape[1]
-            if position_ids is None:
-                position_ids = torch.arange(seq_len, device=device)[None]
-            _, mask = attention_masks(attention_mask, device)
-            positions = deberta.relative_positions(seq_len, device)
             emd_inputs = dict(
-                layer=deberta.encoder.layer[-1],
-                kv_states=outputs.hidden_states[-2],  # the input of the last layer
-                position_embeddings=deberta.embeddings.position_embeddings(position_ids),
-                rel_embeddings=deberta.encoder.get_rel_embedding(positions),
-                positions=positions,
-                attention_mask=mask,
+                deberta=self.deberta,
+                layer_input=outputs.hidden_states[-2],
+                attention_mask=attention_mask,
+                position_ids=position_ids,
             )
         logits = decoder(outputs.last_hidden_state, **emd_inputs)
         loss = None
@@ -1042,6 +1113,7 @@ class DebertaForReplacedTokenDetection(DebertaPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.mask_predictions(outputs.last_hidden_state)
         loss = None
@@ -1125,10 +1197,12 @@ class DebertaForSequenceClassification(DebertaPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.classifier(self.dropout(self.pooler(outputs.last_hidden_state)))
         loss = None
         if labels is not None:
+            # not self.loss_function: DeBERTa's own loss ignores negative labels and takes soft labels
             loss = _sequence_classification_loss(self.config, logits, labels, self.num_labels)
         result = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
@@ -1136,6 +1210,7 @@ class DebertaForSequenceClassification(DebertaPreTrainedModel):
         return _maybe_tuple(result, return_dict, self.config)
 
 
+# Copied from posformers.roformer.modeling_roformer.RoFormerForTokenClassification with RoFormer->Deberta all-casing
 class DebertaForTokenClassification(DebertaPreTrainedModel):
     def __init__(self, config: DebertaConfig):
         super().__init__(config)
@@ -1167,6 +1242,7 @@ class DebertaForTokenClassification(DebertaPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
@@ -1178,6 +1254,7 @@ class DebertaForTokenClassification(DebertaPreTrainedModel):
         return _maybe_tuple(result, return_dict, self.config)
 
 
+# Copied from posformers.roformer.modeling_roformer.RoFormerForQuestionAnswering with RoFormer->Deberta all-casing
 class DebertaForQuestionAnswering(DebertaPreTrainedModel):
     def __init__(self, config: DebertaConfig):
         super().__init__(config)
@@ -1208,6 +1285,7 @@ class DebertaForQuestionAnswering(DebertaPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.qa_outputs(outputs.last_hidden_state)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
@@ -1249,29 +1327,21 @@ class DebertaForMultipleChoice(DebertaPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> MultipleChoiceModelOutput | tuple:
-        reference = input_ids if input_ids is not None else inputs_embeds
-        if reference is None or reference.dim() < 3:
-            raise ValueError(
-                "DebertaForMultipleChoice expects input_ids of shape (batch, num_choices, seq_len) or inputs_embeds "
-                "of shape (batch, num_choices, seq_len, embedding_size)"
-            )
-        num_choices = reference.shape[1]
-
-        def flat(tensor, dims=2):
-            return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
-
+        num_choices = _num_choices(self, input_ids, inputs_embeds)
         outputs = self.deberta(
-            flat(input_ids),
-            attention_mask=flat(attention_mask),
-            token_type_ids=flat(token_type_ids),
-            position_ids=flat(position_ids),
-            inputs_embeds=flat(inputs_embeds, dims=3),
+            _flatten_choices(input_ids),
+            attention_mask=_flatten_choices(attention_mask),
+            token_type_ids=_flatten_choices(token_type_ids),
+            position_ids=_flatten_choices(position_ids),
+            inputs_embeds=_flatten_choices(inputs_embeds, dims=3),
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         pooled = self.dropout(self.pooler(outputs.last_hidden_state))
         logits = self.classifier(pooled).view(-1, num_choices)
+        # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
         loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
         result = MultipleChoiceModelOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions

@@ -12,9 +12,7 @@ from .modeling_littlebird import (
     LittleBirdModelOutput,
     LittleBirdPreTrainedModel,
     alibi_slopes,
-    bialibi_bias,
     bialibi_distances,
-    packed_key_bias,
     unpack_sliding_window_attention,
     window_key_blocks,
 )
@@ -33,9 +31,7 @@ __all__ = [
     "LittleBirdModelOutput",
     "LittleBirdPreTrainedModel",
     "alibi_slopes",
-    "bialibi_bias",
     "bialibi_distances",
-    "packed_key_bias",
     "unpack_sliding_window_attention",
     "window_key_blocks",
 ]

@@ -33,6 +33,33 @@ PRESETS = {
 }
 
 
+# Copied from posformers.roformer.configuration_roformer.check_integer
+def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None:
+    """`config.<name>` must be an integer (not a bool) of at least `minimum`; the error names the field."""
+    value = getattr(config, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
+
+
+# Copied from posformers.roformer.configuration_roformer.check_probability
+def check_probability(config: PreTrainedConfig, name: str) -> None:
+    """`config.<name>` (a dropout probability) must be a number in [0, 1)."""
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
+
+
+# Copied from posformers.roformer.configuration_roformer.check_pad_token_id
+def check_pad_token_id(config: PreTrainedConfig) -> None:
+    """`config.pad_token_id` must be None or a row of the word embeddings."""
+    if config.pad_token_id is not None and not 0 <= config.pad_token_id < config.vocab_size:
+        raise ValueError(
+            f"{type(config).__name__}.pad_token_id ({config.pad_token_id}) must be in "
+            f"[0, vocab_size={config.vocab_size})"
+        )
+
+
 class LittleBirdConfig(PreTrainedConfig):
     r"""
     Configuration of a LittleBird model. Defaults give `littlebird-base`; `LittleBirdConfig.from_preset(name)` gives
@@ -74,25 +101,21 @@ class LittleBirdConfig(PreTrainedConfig):
         self.validate_fields()
         self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
 
+    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_preset with RoFormer->LittleBird
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "LittleBirdConfig":
-        """A config for one of the paper's sizes (`PRESETS`), with optional overrides."""
+        """A config of one of the sizes in `PRESETS`, with optional overrides."""
         if name not in PRESETS:
-            raise ValueError(f"Unknown LittleBird preset {name!r}; choose one of {sorted(PRESETS)}")
+            raise ValueError(f"Unknown preset {name!r} for {cls.__name__}; choose one of {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
 
+    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.head_dim
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
     def validate_fields(self):
         """Check every field; runs on creation and again when a model is built (fields may change in between)."""
-
-        def positive(name):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"LittleBirdConfig.{name} must be a positive integer, got {value!r}")
-
         for name in (
             "vocab_size",
             "hidden_size",
@@ -102,23 +125,18 @@ class LittleBirdConfig(PreTrainedConfig):
             "block_size",
             "pack_length",
         ):
-            positive(name)
+            check_integer(self, name)
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"LittleBirdConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})"
             )
-        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
-            raise ValueError(f"LittleBirdConfig.type_vocab_size must be an integer >= 0, got {self.type_vocab_size!r}")
+        check_integer(self, "type_vocab_size", 0)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"LittleBirdConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+            check_probability(self, name)
         if self.layer_norm_eps <= 0:
             raise ValueError(f"LittleBirdConfig.layer_norm_eps must be positive, got {self.layer_norm_eps}")
-        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(
-                f"LittleBirdConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})"
-            )
+        check_pad_token_id(self)
         if self.hidden_act not in ACT2FN:
             raise ValueError(
                 f"LittleBirdConfig.hidden_act must be one of transformers' activations, got {self.hidden_act!r}"

@@ -1,7 +1,7 @@
 """PyTorch LittleBird (Lee, Han, Shin, "LittleBird: Efficient Faster & Longer Transformer for Question Answering",
 EMNLP 2022, arXiv 2210.11870). No official code or weights exist; this is the architecture of posformers' design note
-(`docs/littlebird.md` in the repository), whose tags are repeated here: [paper] from the paper, [recon] reconstructed where the
-paper's text is cut off, [choice] a decision of posformers.
+(`docs/littlebird.md` in the repository), whose tags are repeated here: [paper] from the paper, [recon] reconstructed
+where the paper's text is cut off, [choice] a decision of posformers.
 
 One layer, post-LN [paper], with token states X (B, L, d) and pack states P (B, s, d):
 
@@ -27,20 +27,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from torch.nn import CrossEntropyLoss
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
+    BaseModelOutput,
     MaskedLMOutput,
     MultipleChoiceModelOutput,
     QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.utils import ModelOutput
-from transformers.utils.import_utils import is_torchdynamo_compiling
+from transformers.utils import is_torchdynamo_compiling
 
 from .configuration_littlebird import LittleBirdConfig
 
@@ -105,23 +105,12 @@ def bialibi_distances(query_positions: torch.Tensor, key_positions: torch.Tensor
 
 def bialibi_coefficients(alpha: torch.Tensor, beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     """(H,) slopes -> (H, 3), in the channel order of `bialibi_distances`: beta for keys after the query, gamma for
-    keys before it, alpha for the [CLS] position. Which of beta/gamma is "after" is a fixed convention [recon]."""
-    return torch.stack((beta, gamma, alpha), dim=-1)
+    keys before it, alpha for the [CLS] position. Which of beta/gamma is "after" is a fixed convention [recon].
 
-
-def bialibi_bias(distances: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-    """The BiALiBi bias subtracted from the logits. distances: (3, *shape) from `bialibi_distances` -> (H, *shape).
-
-    bias(i, j) = 0 if i == j;  alpha if i == 0 or j == 0;  beta (j - i) if j > i;  gamma (i - j) if j < i
+    The BiALiBi bias subtracted from the logits is `coefficients @ distances` (H, *shape):
+    bias(i, j) = 0 if i == j;  alpha if i == 0 or j == 0;  beta (j - i) if j > i;  gamma (i - j) if j < i.
     """
-    coefficients = bialibi_coefficients(alpha, beta, gamma).to(distances.dtype)
-    return (coefficients @ distances.flatten(1)).view(-1, *distances.shape[1:])
-
-
-def packed_key_bias(beta: torch.Tensor, gamma: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Bias of every unpacked key: `(beta + gamma) / 2 * b` per head [paper: D_p = ((beta + gamma) / 2) b J], as if
-    the packed tokens sat one block away. The same beta and gamma as the window [choice]."""
-    return (beta + gamma) / 2 * block_size
+    return torch.stack((beta, gamma, alpha), dim=-1)
 
 
 # Query blocks per chunk of the unpack + sliding-window attention: enough that a chunk's gathered keys hold about this
@@ -143,7 +132,9 @@ class BlockSparseLayout:
     bias_features: (B * n, 4, b * w) for every (query, key) pair of a query block, the `bialibi_distances` channels
         and a fourth that is 1 for masked keys (padding, internal padding to a multiple of b, pack padding, blocks a
         short sequence lacks), whose other channels are 0. Unpacked keys have `b / 2` in both the "after" and "before"
-        channels, which makes their bias `packed_key_bias`. `bias_coefficients` weighs them into the additive bias.
+        channels, which makes their bias `(beta + gamma) / 2 * b` [paper: D_p = ((beta + gamma) / 2) b J], as if the
+        packed tokens sat one block away, with the window's beta and gamma [choice]. `bias_coefficients` weighs the
+        channels into the additive bias.
     mask_value: the most negative finite value of the compute dtype, what masked keys get.
     pack_key_mask: (B, 1, 1, L) additive mask of the pack attention's keys (padding), or None without padding.
 
@@ -357,6 +348,7 @@ class LittleBirdEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.pack_embeddings = nn.Parameter(torch.empty(config.pack_length, config.hidden_size))
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerEmbeddings.forward
     def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
@@ -381,23 +373,24 @@ class LittleBirdPackAttention(nn.Module):
 
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
-        self.num_attention_heads = config.num_attention_heads
+        self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_probs_dropout_prob
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.attention_dropout = config.attention_probs_dropout_prob
 
-    def forward(self, pack_states, hidden_states, key_mask, output_attentions=False):
-        """pack_states: (B, s, d); hidden_states: (B, L, d); key_mask: (B, 1, 1, L) additive or None."""
+    def forward(self, pack_states, hidden_states, key_mask, output_attentions=False, **kwargs):
+        """pack_states: (B, s, d); hidden_states: (B, L, d); key_mask: (B, 1, 1, L) additive or None. `**kwargs` are
+        accepted and unused: the kernels take none."""
         batch, pack_length, _ = pack_states.shape
 
         def heads(states):  # (B, l, d) -> (B, H, l, d_h)
-            return states.view(batch, -1, self.num_attention_heads, self.head_dim).transpose(1, 2)
+            return states.view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)
 
         query, key, value = (
             heads(self.query(pack_states)),
@@ -430,22 +423,23 @@ class LittleBirdSelfAttention(nn.Module):
 
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
-        self.num_attention_heads = config.num_attention_heads
+        self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_probs_dropout_prob
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.alpha = nn.Parameter(torch.empty(config.num_attention_heads))
         self.beta = nn.Parameter(torch.empty(config.num_attention_heads))
         self.gamma = nn.Parameter(torch.empty(config.num_attention_heads))
-        self.attention_dropout = config.attention_probs_dropout_prob
 
-    def forward(self, hidden_states, pack_context, layout: BlockSparseLayout, output_attentions=False):
-        """hidden_states: (B, L, d); pack_context: Cp (B, s, d) -> context (B, L, d), weights or None."""
+    def forward(self, hidden_states, pack_context, layout: BlockSparseLayout, output_attentions=False, **kwargs):
+        """hidden_states: (B, L, d); pack_context: Cp (B, s, d) -> context (B, L, d), weights or None. `**kwargs` are
+        accepted and unused: the kernel takes none."""
 
         def heads(states):
-            return states.view(*states.shape[:2], self.num_attention_heads, self.head_dim)
+            return states.view(*states.shape[:2], self.num_heads, self.head_dim)
 
         context, weights = unpack_sliding_window_attention(
             heads(self.query(hidden_states)),
@@ -464,16 +458,16 @@ class LittleBirdSelfAttention(nn.Module):
         return context.reshape(*hidden_states.shape), weights
 
 
+# The output projection exists so that a BERT/RoBERTa self-attention maps onto USWAttn one to one [choice].
+# Copied from posformers.deberta.modeling_deberta.DebertaSelfOutput with Deberta->LittleBird
 class LittleBirdSelfOutput(nn.Module):
-    """Output projection [choice: so a BERT/RoBERTa self-attention maps onto USWAttn one to one], residual,
-    LayerNorm."""
-
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerSelfOutput.forward
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
@@ -484,8 +478,8 @@ class LittleBirdAttention(nn.Module):
         self.self = LittleBirdSelfAttention(config)
         self.output = LittleBirdSelfOutput(config)
 
-    def forward(self, hidden_states, pack_context, layout, output_attentions=False):
-        context, weights = self.self(hidden_states, pack_context, layout, output_attentions)
+    def forward(self, hidden_states, pack_context, layout, output_attentions=False, **kwargs):
+        context, weights = self.self(hidden_states, pack_context, layout, output_attentions, **kwargs)
         return self.output(context, hidden_states), weights
 
 
@@ -494,16 +488,19 @@ class LittleBirdAttention(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+# Copied from posformers.deberta.modeling_deberta.DebertaIntermediate with Deberta->LittleBird
 class LittleBirdIntermediate(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerIntermediate.forward
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.intermediate_act_fn(self.dense(hidden_states))
 
 
+# Copied from posformers.deberta.modeling_deberta.DebertaOutput with Deberta->LittleBird
 class LittleBirdOutput(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
@@ -511,6 +508,7 @@ class LittleBirdOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerOutput.forward
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
@@ -531,16 +529,39 @@ class LittleBirdLayer(GradientCheckpointingLayer):
         self.output = LittleBirdOutput(config)
         self.feed_forward_chunk = max(1, FEED_FORWARD_CHUNK_ELEMENTS // config.intermediate_size)
 
-    def forward(self, hidden_states, pack_states, layout: BlockSparseLayout, output_attentions=False):
+    def forward(self, hidden_states, pack_states, layout: BlockSparseLayout, output_attentions=False, **kwargs):
         pack_context, pack_states, pack_weights = self.pack_attention(
-            pack_states, hidden_states, layout.pack_key_mask, output_attentions
+            pack_states, hidden_states, layout.pack_key_mask, output_attentions, **kwargs
         )
-        attention_output, weights = self.attention(hidden_states, pack_context, layout, output_attentions)
+        attention_output, weights = self.attention(hidden_states, pack_context, layout, output_attentions, **kwargs)
         tokens = attention_output.flatten(0, 1)
         layer_output = torch.cat(
             [self.output(self.intermediate(chunk), chunk) for chunk in tokens.split(self.feed_forward_chunk)]
         )
         return layer_output.view_as(attention_output), pack_states, weights, pack_weights
+
+
+@dataclass
+class LittleBirdModelOutput(BaseModelOutput):
+    """transformers' `BaseModelOutput` (the encoder output of all three posformers models) plus the pack states, which
+    every layer carries beside the tokens and which have no place in it. Its tuple is the base one's, then these.
+
+    last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`): the final token
+        states X.
+    hidden_states (`tuple(torch.FloatTensor)`, *optional*): token states after the embeddings and after each layer.
+    attentions (`tuple(torch.FloatTensor)`, *optional*): per layer, the unpack + sliding-window weights in the blocked
+        layout, `(batch, heads, num_blocks, block_size, keys_per_block)`: keys are `ceil(pack_length / block_size)`
+        pack blocks (unpacked keys, then padding), then the 4 window blocks of `window_key_blocks`.
+    pack_states (`torch.FloatTensor` of shape `(batch_size, pack_length, hidden_size)`): the final pack states P' (not
+        used by the heads).
+    pack_hidden_states (`tuple(torch.FloatTensor)`, *optional*): P0 and the pack states after each layer.
+    pack_attentions (`tuple(torch.FloatTensor)`, *optional*): per layer, the pack attention weights,
+        `(batch, heads, pack_length, sequence_length)`.
+    """
+
+    pack_states: torch.FloatTensor | None = None
+    pack_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    pack_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 class LittleBirdEncoder(nn.Module):
@@ -549,14 +570,16 @@ class LittleBirdEncoder(nn.Module):
         self.config = config
         self.layer = nn.ModuleList([LittleBirdLayer(config) for _ in range(config.num_hidden_layers)])
 
-    def forward(self, hidden_states, pack_states, layout, output_attentions=False, output_hidden_states=False):
+    def forward(
+        self, hidden_states, pack_states, layout, output_attentions=False, output_hidden_states=False, **kwargs
+    ) -> "LittleBirdModelOutput":
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_pack_states = (pack_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         all_pack_attentions = () if output_attentions else None
         for layer_module in self.layer:
             hidden_states, pack_states, weights, pack_weights = layer_module(
-                hidden_states, pack_states, layout, output_attentions=output_attentions
+                hidden_states, pack_states, layout, output_attentions=output_attentions, **kwargs
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
@@ -579,30 +602,6 @@ class LittleBirdEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class LittleBirdModelOutput(ModelOutput):
-    """
-    last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`): the final token
-        states X.
-    pack_states (`torch.FloatTensor` of shape `(batch_size, pack_length, hidden_size)`): the final pack states P' (not
-        used by the heads).
-    hidden_states (`tuple(torch.FloatTensor)`, *optional*): token states after the embeddings and after each layer.
-    pack_hidden_states (`tuple(torch.FloatTensor)`, *optional*): P0 and the pack states after each layer.
-    attentions (`tuple(torch.FloatTensor)`, *optional*): per layer, the unpack + sliding-window weights in the blocked
-        layout, `(batch, heads, num_blocks, block_size, keys_per_block)`: keys are `ceil(pack_length / block_size)`
-        pack blocks (unpacked keys, then padding), then the 4 window blocks of `window_key_blocks`.
-    pack_attentions (`tuple(torch.FloatTensor)`, *optional*): per layer, the pack attention weights,
-        `(batch, heads, pack_length, sequence_length)`.
-    """
-
-    last_hidden_state: torch.FloatTensor | None = None
-    pack_states: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    pack_hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
-    pack_attentions: tuple[torch.FloatTensor, ...] | None = None
-
-
 class LittleBirdPreTrainedModel(PreTrainedModel):
     config_class = LittleBirdConfig
     config: LittleBirdConfig
@@ -623,8 +622,9 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-def _check_inputs(config: LittleBirdConfig, input_ids, inputs_embeds, attention_mask, token_type_ids):
-    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch."""
+# Copied from posformers.roformer.modeling_roformer._input_shape
+def _input_shape(input_ids, inputs_embeds, embedding_size: int) -> tuple[int, int]:
+    """(batch, seq_len) of exactly one of input_ids (B, L) or inputs_embeds (B, L, width); else a clear error."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError(
             "Pass exactly one of input_ids or inputs_embeds (got both)"
@@ -636,25 +636,48 @@ def _check_inputs(config: LittleBirdConfig, input_ids, inputs_embeds, attention_
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
         shape = tuple(input_ids.shape)
     else:
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != embedding_size:
             raise ValueError(
-                f"inputs_embeds must have shape (batch, seq_len, hidden_size={config.hidden_size}), "
-                f"got {tuple(inputs_embeds.shape)}"
+                f"inputs_embeds must have shape (batch, seq_len, {embedding_size}), got {tuple(inputs_embeds.shape)}"
             )
         shape = tuple(inputs_embeds.shape[:2])
     if shape[1] == 0:
         raise ValueError("The input sequence is empty (seq_len = 0)")
+    return shape
+
+
+# Copied from posformers.roformer.modeling_roformer._check_per_token
+def _check_per_token(name: str, tensor: torch.Tensor | None, shape: tuple[int, int]) -> None:
+    """A per-token input (token_type_ids, position_ids) must have shape (batch or 1, seq_len)."""
+    if tensor is not None and (
+        tensor.dim() != 2 or tensor.shape[1] != shape[1] or tensor.shape[0] not in (1, shape[0])
+    ):
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the input has shape {shape}")
+
+
+# Copied from posformers.roformer.modeling_roformer._check_index_ranges
+def _check_index_ranges(checks) -> None:
+    """Each `(name, ids or None, size)` of `checks` must hold indices in [0, size). Not while compiling: reading the
+    values back is a data-dependent branch."""
+    if is_torchdynamo_compiling():
+        return
+    for name, tensor, size in checks:
+        if tensor is None or not tensor.numel():
+            continue
+        low, high = (int(v) for v in torch.aminmax(tensor))  # one pass, one device sync
+        if low < 0 or high >= size:
+            raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
+
+
+def _check_inputs(config: LittleBirdConfig, input_ids, inputs_embeds, attention_mask, token_type_ids):
+    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch."""
+    shape = _input_shape(input_ids, inputs_embeds, config.hidden_size)
     if attention_mask is not None and tuple(attention_mask.shape) != shape:
         raise ValueError(
             f"attention_mask must have the input's shape (batch, seq_len) = {shape}, got {tuple(attention_mask.shape)}"
         )
-    if token_type_ids is not None and (
-        token_type_ids.dim() != 2 or token_type_ids.shape[1] != shape[1] or token_type_ids.shape[0] not in (1, shape[0])
-    ):
-        raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)} but the input has shape {shape}")
-    if is_torchdynamo_compiling():
-        return
-    if attention_mask is not None:
+    _check_per_token("token_type_ids", token_type_ids, shape)
+    if attention_mask is not None and not is_torchdynamo_compiling():
         real = attention_mask.bool()
         if (~real[:, 0] & real.any(-1)).any():
             # Positions and blocks count from the first token: left padding would move every real token. Padding
@@ -663,15 +686,9 @@ def _check_inputs(config: LittleBirdConfig, input_ids, inputs_embeds, attention_
                 "LittleBird needs right-padded input (real tokens first, then padding): the attention_mask has a "
                 "padded first token before real ones. Pad on the right (tokenizer.padding_side = 'right')."
             )
-    for name, tensor, size in (
-        ("input_ids", input_ids, config.vocab_size),
-        ("token_type_ids", token_type_ids, config.type_vocab_size),
-    ):
-        if tensor is not None and tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= size):
-            raise ValueError(
-                f"{name} must lie in [0, {size}) for this config, got values in "
-                f"[{int(tensor.min())}, {int(tensor.max())}]"
-            )
+    _check_index_ranges(
+        [("input_ids", input_ids, config.vocab_size), ("token_type_ids", token_type_ids, config.type_vocab_size)]
+    )
 
 
 class LittleBirdModel(LittleBirdPreTrainedModel):
@@ -684,9 +701,11 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         self.encoder = LittleBirdEncoder(config)
         self.post_init()
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerModel.get_input_embeddings
     def get_input_embeddings(self):
         return self.embeddings.word_embeddings
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerModel.set_input_embeddings
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
@@ -725,6 +744,7 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
             layout,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            **kwargs,
         )
         return output if return_dict else output.to_tuple()
 
@@ -734,6 +754,31 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+# Copied from posformers.roformer.modeling_roformer._maybe_tuple
+def _maybe_tuple(output, return_dict, config):
+    """The head's `ModelOutput`, or its tuple when `return_dict` (else `config.return_dict`) is off."""
+    return_dict = return_dict if return_dict is not None else config.return_dict
+    return output if return_dict else output.to_tuple()
+
+
+# Copied from posformers.roformer.modeling_roformer._num_choices
+def _num_choices(head: nn.Module, input_ids, inputs_embeds) -> int:
+    """The choice dimension of a multiple-choice input, or a clear error for an input without one."""
+    reference = input_ids if input_ids is not None else inputs_embeds
+    if reference is None or reference.dim() < 3:
+        raise ValueError(
+            f"{type(head).__name__} expects input_ids of shape (batch, num_choices, seq_len) or inputs_embeds of "
+            "shape (batch, num_choices, seq_len, embedding width)"
+        )
+    return reference.shape[1]
+
+
+# Copied from posformers.roformer.modeling_roformer._flatten_choices
+def _flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor | None:
+    """(B, C, ...) -> (B * C, ...), a tensor of `dims` dimensions with the choices folded into the batch."""
+    return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
+
+
 class LittleBirdPredictionHeadTransform(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
@@ -741,6 +786,7 @@ class LittleBirdPredictionHeadTransform(nn.Module):
         self.transform_act_fn = ACT2FN[config.hidden_act]
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerPredictionHeadTransform.forward
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
 
@@ -758,6 +804,7 @@ class LittleBirdLMPredictionHead(nn.Module):
         return self.decoder(self.transform(hidden_states))
 
 
+# Copied from posformers.roformer.modeling_roformer.RoFormerOnlyMLMHead with RoFormer->LittleBird
 class LittleBirdOnlyMLMHead(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
@@ -765,28 +812,6 @@ class LittleBirdOnlyMLMHead(nn.Module):
 
     def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
         return self.predictions(sequence_output)
-
-
-def _maybe_tuple(output, return_dict, config):
-    return_dict = return_dict if return_dict is not None else config.return_dict
-    return output if return_dict else output.to_tuple()
-
-
-def _classification_loss(config, logits, labels, num_labels):
-    """Regression, single- or multi-label loss, chosen as transformers' heads choose it."""
-    labels = labels.to(logits.device)
-    if config.problem_type is None:
-        if num_labels == 1:
-            config.problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            config.problem_type = "single_label_classification"
-        else:
-            config.problem_type = "multi_label_classification"
-    if config.problem_type == "regression":
-        return MSELoss()(logits.squeeze(), labels.squeeze()) if num_labels == 1 else MSELoss()(logits, labels)
-    if config.problem_type == "single_label_classification":
-        return CrossEntropyLoss()(logits.view(-1, num_labels), labels.view(-1))
-    return BCEWithLogitsLoss()(logits, labels)
 
 
 class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
@@ -801,12 +826,15 @@ class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
         self.cls = LittleBirdOnlyMLMHead(config)
         self.post_init()
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerForMaskedLM.get_output_embeddings
     def get_output_embeddings(self):
         return self.cls.predictions.decoder
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerForMaskedLM.set_output_embeddings
     def set_output_embeddings(self, new_embeddings):
         self.cls.predictions.decoder = new_embeddings
-        self.cls.predictions.bias = new_embeddings.bias
+        if new_embeddings.bias is not None:
+            self.cls.predictions.bias = new_embeddings.bias
 
     def forward(
         self,
@@ -828,11 +856,12 @@ class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.cls(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1).to(logits.device))
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         result = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -882,9 +911,12 @@ class LittleBirdForSequenceClassification(LittleBirdPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.classifier(outputs.last_hidden_state)
-        loss = _classification_loss(self.config, logits, labels, self.num_labels) if labels is not None else None
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
         result = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -910,27 +942,19 @@ class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> MultipleChoiceModelOutput | tuple:
-        reference = input_ids if input_ids is not None else inputs_embeds
-        if reference is None or reference.dim() < 3:
-            raise ValueError(
-                "LittleBirdForMultipleChoice expects input_ids of shape (batch, num_choices, seq_len) or "
-                "inputs_embeds of shape (batch, num_choices, seq_len, hidden_size)"
-            )
-        num_choices = reference.shape[1]
-
-        def flat(tensor, dims=2):
-            return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
-
+        num_choices = _num_choices(self, input_ids, inputs_embeds)
         outputs = self.littlebird(
-            flat(input_ids),
-            attention_mask=flat(attention_mask),
-            token_type_ids=flat(token_type_ids),
-            inputs_embeds=flat(inputs_embeds, dims=3),
+            _flatten_choices(input_ids),
+            attention_mask=_flatten_choices(attention_mask),
+            token_type_ids=_flatten_choices(token_type_ids),
+            inputs_embeds=_flatten_choices(inputs_embeds, dims=3),
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.classifier(outputs.last_hidden_state).view(-1, num_choices)
+        # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
         loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
         result = MultipleChoiceModelOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
@@ -967,11 +991,12 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1).to(logits.device))
+            loss = self.loss_function(logits, labels, self.config, **kwargs)
         result = TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1008,17 +1033,13 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.qa_outputs(outputs.last_hidden_state)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
         loss = None
         if start_positions is not None and end_positions is not None:
-            # Positions outside the input are ignored, as in transformers' QA heads.
-            ignored_index = start_logits.size(1)
-            start_positions = start_positions.view(-1).clamp(0, ignored_index).to(start_logits.device)
-            end_positions = end_positions.view(-1).clamp(0, ignored_index).to(end_logits.device)
-            loss_fct = CrossEntropyLoss(ignore_index=ignored_index)
-            loss = (loss_fct(start_logits, start_positions) + loss_fct(end_logits, end_positions)) / 2
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
         result = QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits,
@@ -1040,9 +1061,7 @@ __all__ = [
     "LittleBirdModelOutput",
     "LittleBirdPreTrainedModel",
     "alibi_slopes",
-    "bialibi_bias",
     "bialibi_distances",
-    "packed_key_bias",
     "unpack_sliding_window_attention",
     "window_key_blocks",
 ]

@@ -91,6 +91,30 @@ PRESETS = {
 }
 
 
+def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None:
+    """`config.<name>` must be an integer (not a bool) of at least `minimum`; the error names the field."""
+    value = getattr(config, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
+
+
+def check_probability(config: PreTrainedConfig, name: str) -> None:
+    """`config.<name>` (a dropout probability) must be a number in [0, 1)."""
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
+
+
+def check_pad_token_id(config: PreTrainedConfig) -> None:
+    """`config.pad_token_id` must be None or a row of the word embeddings."""
+    if config.pad_token_id is not None and not 0 <= config.pad_token_id < config.vocab_size:
+        raise ValueError(
+            f"{type(config).__name__}.pad_token_id ({config.pad_token_id}) must be in "
+            f"[0, vocab_size={config.vocab_size})"
+        )
+
+
 class RoFormerConfig(PreTrainedConfig):
     r"""
     Configuration of a posformers RoFormer model. Defaults give junnyu/roformer_chinese_base.
@@ -176,9 +200,9 @@ class RoFormerConfig(PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "RoFormerConfig":
-        """A config for one of the published sizes (`PRESETS`), with optional overrides."""
+        """A config of one of the sizes in `PRESETS`, with optional overrides."""
         if name not in PRESETS:
-            raise ValueError(f"Unknown RoFormer preset {name!r}; choose one of {sorted(PRESETS)}")
+            raise ValueError(f"Unknown preset {name!r} for {cls.__name__}; choose one of {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
 
     @property
@@ -187,12 +211,6 @@ class RoFormerConfig(PreTrainedConfig):
 
     def validate_fields(self):
         """Check every field; runs on creation and again when a model is built (fields may change in between)."""
-
-        def positive(name):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"RoFormerConfig.{name} must be a positive integer, got {value!r}")
-
         for name in (
             "vocab_size",
             "embedding_size",
@@ -202,21 +220,16 @@ class RoFormerConfig(PreTrainedConfig):
             "intermediate_size",
             "max_position_embeddings",
         ):
-            positive(name)
+            check_integer(self, name)
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"RoFormerConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})"
             )
-        if self.type_vocab_size < 0:
-            raise ValueError(f"RoFormerConfig.type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        check_integer(self, "type_vocab_size", 0)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"RoFormerConfig.{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(
-                f"RoFormerConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})"
-            )
+            check_probability(self, name)
+        check_pad_token_id(self)
         if self.rope_theta <= 0:
             raise ValueError(f"RoFormerConfig.rope_theta must be positive, got {self.rope_theta}")
         for name, allowed in (

@@ -23,6 +23,7 @@ from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
+    BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
     CausalLMOutputWithCrossAttentions,
     MaskedLMOutput,
@@ -32,8 +33,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import logging
-from transformers.utils.import_utils import is_torchdynamo_compiling
+from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_roformer import RoFormerConfig
 
@@ -152,37 +152,6 @@ def rope_layout_permutation(head_dim: int, rotary_dim: int, source: str, target:
     to_half = torch.cat((torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)))
     perm = to_half if target == "half" else torch.argsort(to_half)
     return torch.cat((perm, torch.arange(rotary_dim, head_dim)))
-
-
-def convert_rope_layout(model: "RoFormerPreTrainedModel", target_layout: str) -> "RoFormerPreTrainedModel":
-    """Convert a RoFormer model in place between the "interleaved" and "half" rotary layouts; outputs are unchanged.
-
-    Rotation acts on feature pairs; the layouts only differ in which features form a pair. Permuting the output rows
-    of the query and key projections (per head) moves every pair to its place in the other layout, and q.k is the
-    same sum in another order. With `rotary_value=True` the value rows are permuted too, and the input columns of the
-    attention output projection with them, so the context vectors are read back in their original order.
-    """
-    config = model.config
-    if target_layout not in ("interleaved", "half"):
-        raise ValueError(f"target_layout must be 'interleaved' or 'half', got {target_layout!r}")
-    perm_one_head = rope_layout_permutation(config.head_dim, config.rope_dim, config.rope_layout, target_layout)
-    heads = torch.arange(config.num_attention_heads)[:, None] * config.head_dim
-    perm = (heads + perm_one_head[None, :]).flatten()
-    with torch.no_grad():
-        for module in model.modules():
-            if not isinstance(module, RoFormerSelfAttention):
-                continue
-            projections = [module.query, module.key] + ([module.value] if config.rotary_value else [])
-            for linear in projections:
-                linear.weight.copy_(linear.weight[perm])
-                if linear.bias is not None:
-                    linear.bias.copy_(linear.bias[perm])
-        if config.rotary_value:
-            for module in model.modules():
-                if isinstance(module, RoFormerAttention):
-                    module.output.dense.weight.copy_(module.output.dense.weight[:, perm])
-    config.rope_layout = target_layout
-    return model
 
 
 class RoFormerRotaryEmbedding(nn.Module):
@@ -352,13 +321,13 @@ class RoFormerSelfAttention(nn.Module):
     def __init__(self, config: RoFormerConfig, layer_idx: int | None = None):
         super().__init__()
         self.config = config
-        self.num_attention_heads = config.num_attention_heads
-        self.attention_head_size = config.head_dim
-        self.scaling = self.attention_head_size**-0.5
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_probs_dropout_prob
         self.query = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
         self.key = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
         self.value = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
-        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
         # The sdpa integration reads `is_causal` from the module and treats a missing attribute as causal.
         self.is_causal = config.is_decoder
         self.rotary_value = config.rotary_value
@@ -376,7 +345,7 @@ class RoFormerSelfAttention(nn.Module):
         **kwargs,
     ):
         batch_size, seq_len, _ = hidden_states.shape
-        head_shape = (batch_size, seq_len, self.num_attention_heads, self.attention_head_size)
+        head_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
         # Rotation runs in the projections' (B, L, H, D) layout; the attention kernels get (B, H, L, D) views of it,
         # the strides sdpa's CPU kernel is fastest with.
         query = self.query(hidden_states).view(head_shape)
@@ -414,7 +383,7 @@ class RoFormerSelfAttention(nn.Module):
             value,
             attention_mask,
             scaling=self.scaling,
-            dropout=self.dropout.p if self.training else 0.0,
+            dropout=self.attention_dropout if self.training else 0.0,
             is_causal=self.is_causal,
             **kwargs,
         )
@@ -523,7 +492,7 @@ class RoFormerEncoder(nn.Module):
         output_attentions=False,
         output_hidden_states=False,
         **kwargs,
-    ):
+    ) -> BaseModelOutput:
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         for layer_module in self.layer:
@@ -534,7 +503,9 @@ class RoFormerEncoder(nn.Module):
                 all_hidden_states += (hidden_states,)
             if output_attentions:
                 all_attentions += (weights,)
-        return hidden_states, all_hidden_states, all_attentions
+        return BaseModelOutput(
+            last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -566,10 +537,8 @@ class RoFormerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-def _check_inputs(
-    config: RoFormerConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, past_length: int
-):
-    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch."""
+def _input_shape(input_ids, inputs_embeds, embedding_size: int) -> tuple[int, int]:
+    """(batch, seq_len) of exactly one of input_ids (B, L) or inputs_embeds (B, L, width); else a clear error."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError(
             "Pass exactly one of input_ids or inputs_embeds (got both)"
@@ -581,14 +550,42 @@ def _check_inputs(
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
         shape = tuple(input_ids.shape)
     else:
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.embedding_size:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != embedding_size:
             raise ValueError(
-                f"inputs_embeds must have shape (batch, seq_len, embedding_size={config.embedding_size}), "
-                f"got {tuple(inputs_embeds.shape)}"
+                f"inputs_embeds must have shape (batch, seq_len, {embedding_size}), got {tuple(inputs_embeds.shape)}"
             )
         shape = tuple(inputs_embeds.shape[:2])
     if shape[1] == 0:
         raise ValueError("The input sequence is empty (seq_len = 0)")
+    return shape
+
+
+def _check_per_token(name: str, tensor: torch.Tensor | None, shape: tuple[int, int]) -> None:
+    """A per-token input (token_type_ids, position_ids) must have shape (batch or 1, seq_len)."""
+    if tensor is not None and (
+        tensor.dim() != 2 or tensor.shape[1] != shape[1] or tensor.shape[0] not in (1, shape[0])
+    ):
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the input has shape {shape}")
+
+
+def _check_index_ranges(checks) -> None:
+    """Each `(name, ids or None, size)` of `checks` must hold indices in [0, size). Not while compiling: reading the
+    values back is a data-dependent branch."""
+    if is_torchdynamo_compiling():
+        return
+    for name, tensor, size in checks:
+        if tensor is None or not tensor.numel():
+            continue
+        low, high = (int(v) for v in torch.aminmax(tensor))  # one pass, one device sync
+        if low < 0 or high >= size:
+            raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
+
+
+def _check_inputs(
+    config: RoFormerConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, past_length: int
+):
+    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch."""
+    shape = _input_shape(input_ids, inputs_embeds, config.embedding_size)
     if attention_mask is not None and attention_mask.dim() == 2:
         expected = (shape[0], past_length + shape[1])
         if tuple(attention_mask.shape) != expected:
@@ -601,22 +598,31 @@ def _check_inputs(
             f"attention_mask must be 2D (batch, seq_len) or 4D (batch, 1, q_len, kv_len), got "
             f"{tuple(attention_mask.shape)}"
         )
-    for name, tensor in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
-        if tensor is not None and (
-            tensor.dim() != 2 or tensor.shape[1] != shape[1] or tensor.shape[0] not in (1, shape[0])
-        ):
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the input has shape {shape}")
-    if is_torchdynamo_compiling():
-        return
-    for name, tensor, size in (
-        ("input_ids", input_ids, config.vocab_size),
-        ("token_type_ids", token_type_ids, config.type_vocab_size),
-    ):
-        if tensor is None or not tensor.numel():
-            continue
-        low, high = (int(v) for v in torch.aminmax(tensor))  # one pass, one device sync
-        if low < 0 or high >= size:
-            raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
+    if config.attention_kernel == "linear" and attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(
+            "attention_kernel='linear' takes a 2D attention_mask (batch, seq_len) of real tokens; a 4D mask "
+            "cannot be applied to linear attention"
+        )
+    _check_per_token("token_type_ids", token_type_ids, shape)
+    _check_per_token("position_ids", position_ids, shape)
+    _check_index_ranges(
+        [("input_ids", input_ids, config.vocab_size), ("token_type_ids", token_type_ids, config.type_vocab_size)]
+    )
+
+
+def attention_masks(config: RoFormerConfig, hidden_states, attention_mask, past_key_values):
+    """The mask the softmax kernels take (causal for a decoder, built by transformers' masking utilities for the
+    configured attention implementation) and the (B, L) bool key padding mask linear attention takes, or None."""
+    key_padding_mask = None
+    if attention_mask is not None and attention_mask.dim() == 2:
+        key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
+    if config.is_decoder:
+        mask = create_causal_mask(
+            config=config, inputs_embeds=hidden_states, attention_mask=attention_mask, past_key_values=past_key_values
+        )
+    else:
+        mask = create_bidirectional_mask(config=config, inputs_embeds=hidden_states, attention_mask=attention_mask)
+    return mask, key_padding_mask
 
 
 @dataclass
@@ -699,25 +705,8 @@ class RoFormerModel(RoFormerPreTrainedModel):
             position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
         position_embeddings = self.rotary_emb(position_ids, past_length + seq_len, hidden_states.dtype)
 
-        key_padding_mask = None
-        if config.attention_kernel == "linear" and attention_mask is not None and attention_mask.dim() != 2:
-            raise ValueError(
-                "attention_kernel='linear' takes a 2D attention_mask (batch, seq_len) of real tokens; a 4D mask "
-                "cannot be applied to linear attention"
-            )
-        if attention_mask is not None and attention_mask.dim() == 2:
-            key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
-        if config.is_decoder:
-            mask = create_causal_mask(
-                config=config,
-                inputs_embeds=hidden_states,
-                attention_mask=attention_mask,
-                past_key_values=past_key_values,
-            )
-        else:
-            mask = create_bidirectional_mask(config=config, inputs_embeds=hidden_states, attention_mask=attention_mask)
-
-        sequence_output, all_hidden_states, all_attentions = self.encoder(
+        mask, key_padding_mask = attention_masks(config, hidden_states, attention_mask, past_key_values)
+        encoder_output = self.encoder(
             hidden_states,
             mask,
             position_embeddings,
@@ -727,12 +716,13 @@ class RoFormerModel(RoFormerPreTrainedModel):
             output_hidden_states=output_hidden_states,
             **kwargs,
         )
+        sequence_output = encoder_output.last_hidden_state
         output = RoFormerModelOutput(
             last_hidden_state=sequence_output,
             pooler_output=self.pooler(sequence_output) if self.pooler is not None else None,
             past_key_values=past_key_values if use_cache else None,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
+            hidden_states=encoder_output.hidden_states,
+            attentions=encoder_output.attentions,
         )
         return output if return_dict else output.to_tuple()
 
@@ -740,6 +730,28 @@ class RoFormerModel(RoFormerPreTrainedModel):
 # ---------------------------------------------------------------------------------------------------------------------
 # Heads
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+def _maybe_tuple(output, return_dict, config):
+    """The head's `ModelOutput`, or its tuple when `return_dict` (else `config.return_dict`) is off."""
+    return_dict = return_dict if return_dict is not None else config.return_dict
+    return output if return_dict else output.to_tuple()
+
+
+def _num_choices(head: nn.Module, input_ids, inputs_embeds) -> int:
+    """The choice dimension of a multiple-choice input, or a clear error for an input without one."""
+    reference = input_ids if input_ids is not None else inputs_embeds
+    if reference is None or reference.dim() < 3:
+        raise ValueError(
+            f"{type(head).__name__} expects input_ids of shape (batch, num_choices, seq_len) or inputs_embeds of "
+            "shape (batch, num_choices, seq_len, embedding width)"
+        )
+    return reference.shape[1]
+
+
+def _flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor | None:
+    """(B, C, ...) -> (B * C, ...), a tensor of `dims` dimensions with the choices folded into the batch."""
+    return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
 
 
 class RoFormerPredictionHeadTransform(nn.Module):
@@ -909,11 +921,6 @@ class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
         return _maybe_tuple(result, return_dict, self.config)
 
 
-def _maybe_tuple(output, return_dict, config):
-    return_dict = return_dict if return_dict is not None else config.return_dict
-    return output if return_dict else output.to_tuple()
-
-
 class RoFormerClassificationHead(nn.Module):
     """Dense + activation + projection on the first token, as transformers' RoFormer does."""
 
@@ -1011,24 +1018,14 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> MultipleChoiceModelOutput | tuple:
-        reference = input_ids if input_ids is not None else inputs_embeds
-        if reference is None or reference.dim() < 3:
-            raise ValueError(
-                "RoFormerForMultipleChoice expects input_ids of shape (batch, num_choices, seq_len) or inputs_embeds "
-                "of shape (batch, num_choices, seq_len, embedding_size)"
-            )
-        num_choices = reference.shape[1]
-
-        def flat(tensor, dims=2):
-            return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
-
-        flat_mask = flat(attention_mask)
+        num_choices = _num_choices(self, input_ids, inputs_embeds)
+        flat_mask = _flatten_choices(attention_mask)
         outputs = self.roformer(
-            flat(input_ids),
+            _flatten_choices(input_ids),
             attention_mask=flat_mask,
-            token_type_ids=flat(token_type_ids),
-            position_ids=flat(position_ids),
-            inputs_embeds=flat(inputs_embeds, dims=3),
+            token_type_ids=_flatten_choices(token_type_ids),
+            position_ids=_flatten_choices(position_ids),
+            inputs_embeds=_flatten_choices(inputs_embeds, dims=3),
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
@@ -1036,6 +1033,7 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         )
         pooled = self.sequence_summary(outputs.last_hidden_state, flat_mask)
         logits = self.classifier(pooled).view(-1, num_choices)
+        # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
         loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
         result = MultipleChoiceModelOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
@@ -1131,6 +1129,42 @@ class RoFormerForQuestionAnswering(RoFormerPreTrainedModel):
             attentions=outputs.attentions,
         )
         return _maybe_tuple(result, return_dict, self.config)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Converting a model between rotary layouts
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def convert_rope_layout(model: "RoFormerPreTrainedModel", target_layout: str) -> "RoFormerPreTrainedModel":
+    """Convert a RoFormer model in place between the "interleaved" and "half" rotary layouts; outputs are unchanged.
+
+    Rotation acts on feature pairs; the layouts only differ in which features form a pair. Permuting the output rows
+    of the query and key projections (per head) moves every pair to its place in the other layout, and q.k is the
+    same sum in another order. With `rotary_value=True` the value rows are permuted too, and the input columns of the
+    attention output projection with them, so the context vectors are read back in their original order.
+    """
+    config = model.config
+    if target_layout not in ("interleaved", "half"):
+        raise ValueError(f"target_layout must be 'interleaved' or 'half', got {target_layout!r}")
+    perm_one_head = rope_layout_permutation(config.head_dim, config.rope_dim, config.rope_layout, target_layout)
+    heads = torch.arange(config.num_attention_heads)[:, None] * config.head_dim
+    perm = (heads + perm_one_head[None, :]).flatten()
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, RoFormerSelfAttention):
+                continue
+            projections = [module.query, module.key] + ([module.value] if config.rotary_value else [])
+            for linear in projections:
+                linear.weight.copy_(linear.weight[perm])
+                if linear.bias is not None:
+                    linear.bias.copy_(linear.bias[perm])
+        if config.rotary_value:
+            for module in model.modules():
+                if isinstance(module, RoFormerAttention):
+                    module.output.dense.weight.copy_(module.output.dense.weight[:, perm])
+    config.rope_layout = target_layout
+    return model
 
 
 __all__ = [

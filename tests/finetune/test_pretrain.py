@@ -68,9 +68,9 @@ def test_mlm_held_out_loss_falls(model_type, corpus, wordpiece, tmp_path, monkey
     emd_calls = []
     original_emd = modeling_deberta.DebertaEnhancedMaskDecoder.forward
 
-    def counting_emd(self, sequence_output, layer=None, **kwargs):
-        emd_calls.append((self.steps, layer is not None))
-        return original_emd(self, sequence_output, layer=layer, **kwargs)
+    def counting_emd(self, sequence_output, deberta=None, **kwargs):
+        emd_calls.append((self.steps, deberta is not None))
+        return original_emd(self, sequence_output, deberta=deberta, **kwargs)
 
     monkeypatch.setattr(modeling_deberta.DebertaEnhancedMaskDecoder, "forward", counting_emd)
     output = tmp_path / "out"
@@ -87,7 +87,7 @@ def test_mlm_held_out_loss_falls(model_type, corpus, wordpiece, tmp_path, monkey
     model = AutoModelForMaskedLM.from_pretrained(output)
     assert model.config.model_type == model_type and model.config.vocab_size == len(wordpiece[0])
     if model_type == "posformers-deberta":
-        # every training and evaluation forward went through the EMD with its steps and the last encoder layer
+        # every training and evaluation forward went through the EMD with its steps and the base model
         assert emd_calls and all(steps == model.config.emd_steps > 0 and layer for steps, layer in emd_calls)
     else:
         assert not emd_calls

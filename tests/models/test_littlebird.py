@@ -32,10 +32,8 @@ from posformers.littlebird import (
     AUTO_MAP,
     BlockSparseLayout,
     alibi_slopes,
-    bialibi_bias,
     bialibi_distances,
     modeling_littlebird,
-    packed_key_bias,
     unpack_sliding_window_attention,
     window_key_blocks,
 )
@@ -335,6 +333,18 @@ def test_sparsity_pattern_in_a_one_layer_model(query_block, changed, may_change)
         assert difference == 0.0
 
 
+def bialibi_bias(distances, alpha, beta, gamma):
+    """The BiALiBi bias (H, *shape) subtracted from the logits: the model's slope coefficients weighing the channels
+    of `bialibi_distances` (3, *shape)."""
+    coefficients = modeling_littlebird.bialibi_coefficients(alpha, beta, gamma).to(distances.dtype)
+    return (coefficients @ distances.flatten(1)).view(-1, *distances.shape[1:])
+
+
+def packed_key_bias(beta, gamma, block_size):
+    """The bias of every unpacked key [paper: D_p = ((beta + gamma) / 2) b J]."""
+    return (beta + gamma) / 2 * block_size
+
+
 def test_bialibi_values_follow_the_formula():
     alpha, beta, gamma = torch.tensor([0.3, 1.5]), torch.tensor([0.5, 0.25]), torch.tensor([0.7, 2.0])
     positions = torch.arange(6)
@@ -613,7 +623,7 @@ def test_presets():
     )
     assert base.block_size == large.block_size == base.pack_length == large.pack_length == 64
     assert LittleBirdConfig.from_preset("littlebird-large", pack_length=32).pack_length == 32
-    with pytest.raises(ValueError, match="Unknown LittleBird preset"):
+    with pytest.raises(ValueError, match="Unknown preset"):
         LittleBirdConfig.from_preset("littlebird-huge")
 
 

@@ -327,7 +327,7 @@ def reference_rotate(x, position, thetas, scale, layout):
 
 def reference_attention(attention_module, hidden, mask, thetas, scale, layout, kernel, rotary_value):
     """One attention module, computed position by position. hidden: (L, hidden); mask: (L,) of 0/1."""
-    heads, head_dim = attention_module.num_attention_heads, attention_module.attention_head_size
+    heads, head_dim = attention_module.num_heads, attention_module.head_dim
     q_all = attention_module.query(hidden).double().view(-1, heads, head_dim)
     k_all = attention_module.key(hidden).double().view(-1, heads, head_dim)
     v_all = attention_module.value(hidden).double().view(-1, heads, head_dim)
@@ -545,7 +545,7 @@ def test_multiple_choice_summary(summary_type):
 def test_presets():
     config = RoFormerConfig.from_preset("roformer-v2-chinese-char-base")
     assert (config.hidden_size, config.norm_type, config.use_bias) == (768, "rms_norm", False)
-    with pytest.raises(ValueError, match="Unknown RoFormer preset"):
+    with pytest.raises(ValueError, match="Unknown preset"):
         RoFormerConfig.from_preset("roformer-giant")
 
 
