@@ -1,0 +1,182 @@
+"""The pieces the three model folders repeat on purpose stay identical: every `# Copied from` marker is checked.
+
+The model folders stand alone (`save_pretrained` copies them to the Hub as remote code), so they repeat the same
+skeleton. A repeated piece carries, on the line above its `def` / `class`, a marker in the syntax of transformers'
+utils/check_copies.py:
+
+    # Copied from posformers.roformer.modeling_roformer.RoFormerForQuestionAnswering with RoFormer->Deberta all-casing
+
+The named source (a module-level function or class, or a method as `Class.method`) with the renames applied must equal
+the code under the marker. Renames are comma-separated `old->new` replacements of plain text; `all-casing` also
+applies the lower- and upper-case forms of a rename. A trailing `# noqa: ...` on the marker is ignored.
+"""
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+MODEL_FOLDERS = ("roformer", "deberta", "littlebird")
+MARKER = re.compile(
+    r"^(?P<indent>\s*)# Copied from posformers\.(?P<source>[\w.]+)(?: with (?P<renames>.*?))?\s*(?:# noqa.*)?$"
+)
+RENAME = re.compile(r"^\s*(\S+)->(\S+)(\s+all-casing)?\s*$")
+
+
+@dataclass
+class Copy:
+    path: Path
+    line: int  # 1-based line of the marker
+    indent: str
+    source: str  # "roformer.modeling_roformer.RoFormerSelfOutput.forward"
+    renames: str | None
+
+    def __str__(self) -> str:
+        return f"{self.path.relative_to(MODELS_DIR.parent)}:{self.line} (copy of posformers.{self.source})"
+
+
+def block_at(lines: list[str], start: int) -> str:
+    """The definition starting at lines[start]: its decorators, its `def` / `class` line and every following line that
+    is blank or indented deeper, trailing blank lines dropped."""
+    header = start
+    while lines[header].lstrip().startswith("@"):
+        header += 1
+    indent = len(lines[header]) - len(lines[header].lstrip())
+    end = header + 1
+    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
+        end += 1
+    while not lines[end - 1].strip():
+        end -= 1
+    return "\n".join(lines[start:end])
+
+
+def find_definition(text: str, qualified_name: str) -> str:
+    """The source of `qualified_name` ("f", "Class" or "Class.method") in a module's text, with its decorators."""
+    lines, indent = text.split("\n"), ""
+    for name in qualified_name.split("."):
+        pattern = re.compile(rf"^{indent}(?:class|def) {re.escape(name)}\b")
+        found = next((i for i, line in enumerate(lines) if pattern.match(line)), None)
+        if found is None:
+            raise LookupError(f"no definition of {qualified_name!r} (looking for {name!r})")
+        while found > 0 and lines[found - 1].startswith(indent + "@"):
+            found -= 1
+        lines, indent = block_at(lines, found).split("\n"), indent + "    "
+    return "\n".join(lines)
+
+
+def apply_renames(code: str, renames: str | None) -> str:
+    for rename in (renames or "").split(","):
+        if not rename.strip():
+            continue
+        match = RENAME.match(rename)
+        if match is None:
+            raise ValueError(f"cannot read the rename {rename!r} (expected old->new [all-casing])")
+        old, new, all_casing = match.groups()
+        code = code.replace(old, new)
+        if all_casing:
+            code = code.replace(old.lower(), new.lower()).replace(old.upper(), new.upper())
+    return code
+
+
+def find_copies(path: Path, text: str | None = None) -> list[Copy]:
+    text = path.read_text() if text is None else text
+    copies = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        match = MARKER.match(line)
+        if match:
+            copies.append(Copy(path, number, match["indent"], match["source"], match["renames"]))
+        elif "Copied from" in line:
+            raise ValueError(f"{path}:{number}: unreadable copy marker: {line.strip()!r}")
+    return copies
+
+
+def source_text(module: str) -> str:
+    """The text of `posformers.<module>` ("roformer.modeling_roformer") from the models folder."""
+    return (MODELS_DIR / (module.replace(".", "/") + ".py")).read_text()
+
+
+def check_copy(copy: Copy, copy_text: str) -> str | None:
+    """None if the copy under the marker equals its source after the renames, else a description of the drift."""
+    folder, module, qualified = copy.source.split(".", 2)
+    source = find_definition(source_text(f"{folder}.{module}"), qualified)
+    source_indent = len(source) - len(source.lstrip())
+    expected = "\n".join(copy.indent + line[source_indent:] if line.strip() else line for line in source.split("\n"))
+    expected = apply_renames(expected, copy.renames)
+    actual = block_at(copy_text.split("\n"), copy.line)  # 0-based index of the line under the marker
+    if actual == expected:
+        return None
+    diff = difflib.unified_diff(expected.split("\n"), actual.split("\n"), "expected (source + renames)", "copy", n=1)
+    return f"{copy} has drifted:\n" + "\n".join(diff)
+
+
+def all_copies() -> list[Copy]:
+    return [
+        copy
+        for folder in MODEL_FOLDERS
+        for path in sorted((MODELS_DIR / folder).glob("*.py"))
+        for copy in find_copies(path)
+    ]
+
+
+COPIES = all_copies()
+
+
+@pytest.mark.parametrize("copy", COPIES, ids=str)
+def test_marked_copy_equals_its_source(copy):
+    assert check_copy(copy, copy.path.read_text()) is None, check_copy(copy, copy.path.read_text())
+
+
+def test_markers_cover_the_pieces_meant_to_be_shared():
+    """The pieces every model repeats are marked in both folders that copy them from RoFormer."""
+    by_folder = {folder: {c.source for c in COPIES if c.path.parent.name == folder} for folder in MODEL_FOLDERS}
+    shared_by_all = [
+        "roformer.modeling_roformer._input_shape",
+        "roformer.modeling_roformer._check_per_token",
+        "roformer.modeling_roformer._check_index_ranges",
+        "roformer.modeling_roformer._maybe_tuple",
+        "roformer.modeling_roformer._num_choices",
+        "roformer.modeling_roformer._flatten_choices",
+        "roformer.modeling_roformer.RoFormerModel.get_input_embeddings",
+        "roformer.modeling_roformer.RoFormerModel.set_input_embeddings",
+        "roformer.modeling_roformer.RoFormerForMaskedLM.get_output_embeddings",
+        "roformer.modeling_roformer.RoFormerForMaskedLM.set_output_embeddings",
+        "roformer.configuration_roformer.check_integer",
+        "roformer.configuration_roformer.check_probability",
+        "roformer.configuration_roformer.RoFormerConfig.from_preset",
+    ]
+    for folder in ("deberta", "littlebird"):
+        missing = [source for source in shared_by_all if source not in by_folder[folder]]
+        assert not missing, f"{folder} does not mark these shared pieces: {missing}"
+
+
+def test_a_drifted_copy_fails_the_check():
+    """Editing one copy (here in a temporary text) is caught, with the edited line in the report."""
+    copy = next(c for c in COPIES if c.source.endswith("RoFormerForMaskedLM.set_output_embeddings"))
+    text = copy.path.read_text()
+    assert check_copy(copy, text) is None
+    drifted = text.replace("        if new_embeddings.bias is not None:\n", "", 1)
+    assert drifted != text
+    report = check_copy(copy, drifted)
+    assert report is not None and "-        if new_embeddings.bias is not None:" in report
+
+
+def test_a_rename_is_part_of_the_check():
+    """A copy whose renames are dropped or wrong no longer matches its source."""
+    copy = next(c for c in COPIES if c.renames and "all-casing" in c.renames)
+    text = copy.path.read_text()
+    assert check_copy(copy, text) is None
+    marker_line = text.split("\n")[copy.line - 1]
+    without_renames = Copy(copy.path, copy.line, copy.indent, copy.source, None)
+    assert check_copy(without_renames, text) is not None, marker_line
+    assert apply_renames("RoFormer roformer ROFORMER", "RoFormer->Deberta all-casing") == "Deberta deberta DEBERTA"
+    assert apply_renames("RoFormer roformer", "RoFormer->Deberta") == "Deberta roformer"
+
+
+def test_a_marker_naming_a_missing_source_fails():
+    copy = COPIES[0]
+    ghost = Copy(copy.path, copy.line, copy.indent, "roformer.modeling_roformer.NoSuchPiece", None)
+    with pytest.raises(LookupError, match="NoSuchPiece"):
+        check_copy(ghost, copy.path.read_text())
