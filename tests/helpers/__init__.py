@@ -1,4 +1,7 @@
-"""Shared test helpers: a fresh Python process, with or without posformers, and a local Hub (`hub_server`)."""
+"""Shared test helpers: a fresh Python process, with or without posformers, and a local Hub (`hub_server`).
+
+Tiny configs, padded batches and output comparisons for model tests are in `helpers.modeling`.
+"""
 
 from __future__ import annotations
 

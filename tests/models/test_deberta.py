@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from helpers import python_env, run_python
+from helpers.modeling import check_preset_overrides, make_batch, max_diff, tiny_config, tiny_fields
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining
 
@@ -26,16 +27,7 @@ from posformers import (
 from posformers.deberta import AUTO_MAP, LEGACY_MLM_KEY_MAPPING, PRESETS, log_bucket_position, relative_positions
 from posformers.deberta.configuration_deberta import OFFICIAL_DEFAULTS
 
-TINY = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=512,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
+TINY = tiny_fields(DebertaConfig.model_type)
 TOL = 1e-5
 
 # Architectures as transformers configures them: (transformers class prefix, config fields).
@@ -98,36 +90,6 @@ VARIANTS = {
     ),
 }
 LENGTHS = (16, 300)  # below and above the buckets' exact window (16 and 8 distances) and v1's clipping (64, 40)
-
-
-def tiny_config(**overrides) -> DebertaConfig:
-    return DebertaConfig(**{**TINY, **overrides})
-
-
-def make_batch(batch=3, seq_len=17, vocab=99, pad_from=(None, 11, 5), seed=0, choices=None):
-    """Random ids with right padding: row i is padded from pad_from[i] on (with `choices`, per choice)."""
-    generator = torch.Generator().manual_seed(seed)
-    shape = (batch, seq_len) if choices is None else (batch, choices, seq_len)
-    input_ids = torch.randint(1, vocab, shape, generator=generator)
-    attention_mask = torch.ones(shape, dtype=torch.long)
-    for row, start in enumerate(pad_from[:batch]):
-        if start is not None:
-            attention_mask[row, ..., start:] = 0
-            input_ids[row, ..., start:] = 0
-    token_type_ids = torch.zeros_like(input_ids)
-    token_type_ids[..., seq_len // 2 :] = 1
-    return input_ids, attention_mask, token_type_ids
-
-
-def real(tensor, mask):
-    """The entries of a (B, L, ...) tensor on real tokens."""
-    return tensor[mask.bool()]
-
-
-def max_diff(a, b, mask=None):
-    if mask is not None and a.shape[: mask.dim()] == mask.shape:
-        a, b = real(a, mask), real(b, mask)
-    return (a - b).abs().max().item()
 
 
 def ours_variant(variant: str, **overrides) -> DebertaConfig:
@@ -311,7 +273,7 @@ def test_relative_buckets_match_transformers_inside_max_position_and_the_officia
 )
 @pytest.mark.parametrize("seq_len", [1, 7, 40, 300, 700])
 def test_relative_position_rows_follow_the_official_formula(fields, seq_len):
-    config = tiny_config(**fields)
+    config = tiny_config(DebertaConfig, **fields)
     positions = relative_positions(seq_len, config, torch.device("cpu"))
     span = config.relative_span
     i, j = torch.meshgrid(torch.arange(seq_len), torch.arange(seq_len), indexing="ij")
@@ -482,7 +444,7 @@ def test_enhanced_mask_decoder_matches_official_algorithm(variant, steps):
 
 def test_enhanced_mask_decoder_changes_the_logits_and_is_off_with_absolute_inputs(tmp_path):
     torch.manual_seed(0)
-    model = DebertaForMaskedLM(tiny_config()).eval()
+    model = DebertaForMaskedLM(tiny_config(DebertaConfig)).eval()
     model.save_pretrained(tmp_path)
     plain = DebertaForMaskedLM.from_pretrained(tmp_path, emd_steps=0).eval()
     assert "deberta.embeddings.position_embeddings.weight" in model.state_dict()
@@ -496,13 +458,13 @@ def test_enhanced_mask_decoder_changes_the_logits_and_is_off_with_absolute_input
         assert max_diff(without, model.lm_predictions.lm_head(encoder), attention_mask) <= TOL
     assert max_diff(with_emd, without, attention_mask) > 1e-2
     # position_biased_input models add positions at the input; the official code runs no EMD for them
-    absolute = DebertaForMaskedLM(tiny_config(position_biased_input=True))
+    absolute = DebertaForMaskedLM(tiny_config(DebertaConfig, position_biased_input=True))
     assert absolute.lm_predictions.steps == 0
 
 
 def test_emd_positions_follow_position_ids():
     torch.manual_seed(0)
-    model = DebertaForMaskedLM(tiny_config()).eval()
+    model = DebertaForMaskedLM(tiny_config(DebertaConfig)).eval()
     input_ids = torch.randint(1, 99, (2, 9))
     with torch.no_grad():
         default = model(input_ids).logits
@@ -519,7 +481,7 @@ def test_emd_positions_follow_position_ids():
 
 def test_replaced_token_detection_head_and_loss():
     torch.manual_seed(0)
-    model = DebertaForReplacedTokenDetection(tiny_config()).eval()
+    model = DebertaForReplacedTokenDetection(tiny_config(DebertaConfig)).eval()
     input_ids, attention_mask, _ = make_batch()
     labels = (torch.rand(input_ids.shape) < 0.3).long()
     with torch.no_grad():
@@ -537,7 +499,7 @@ def test_replaced_token_detection_head_and_loss():
 
 
 def test_context_pooler_and_cls_dropout():
-    config = tiny_config(num_labels=2, pooler_hidden_act="tanh", pooler_dropout=0.1, cls_dropout=0.2)
+    config = tiny_config(DebertaConfig, num_labels=2, pooler_hidden_act="tanh", pooler_dropout=0.1, cls_dropout=0.2)
     model = DebertaForSequenceClassification(config).eval()
     assert model.pooler.dropout.p == 0.1 and model.dropout.p == 0.2
     input_ids, attention_mask, _ = make_batch()
@@ -545,12 +507,12 @@ def test_context_pooler_and_cls_dropout():
         logits = model(input_ids, attention_mask=attention_mask).logits
         hidden = model.deberta(input_ids, attention_mask=attention_mask).last_hidden_state
     assert max_diff(logits, model.classifier(torch.tanh(model.pooler.dense(hidden[:, 0])))) <= TOL
-    wide = DebertaForSequenceClassification(tiny_config(pooler_hidden_size=48, num_labels=3))
+    wide = DebertaForSequenceClassification(tiny_config(DebertaConfig, pooler_hidden_size=48, num_labels=3))
     assert wide.pooler.dense.weight.shape == (48, 32) and wide(input_ids).logits.shape == (3, 3)
 
 
 def test_mlm_decoder_is_tied_and_saved_under_official_names(tmp_path):
-    model = DebertaForMaskedLM(tiny_config())
+    model = DebertaForMaskedLM(tiny_config(DebertaConfig))
     head = model.lm_predictions.lm_head
     assert head.decoder.weight is model.deberta.embeddings.word_embeddings.weight
     assert head.decoder.bias is head.bias
@@ -569,7 +531,7 @@ def test_mlm_decoder_is_tied_and_saved_under_official_names(tmp_path):
 
 
 def test_resizing_the_vocabulary_keeps_the_decoder_tied():
-    model = DebertaForMaskedLM(tiny_config()).eval()
+    model = DebertaForMaskedLM(tiny_config(DebertaConfig)).eval()
     model.resize_token_embeddings(120)
     head = model.lm_predictions.lm_head
     assert head.decoder.weight is model.deberta.embeddings.word_embeddings.weight
@@ -695,18 +657,54 @@ def test_official_config_fields_and_defaults(tmp_path):
     assert type(AutoConfig.from_pretrained(tmp_path)) is transformers.DebertaV2Config
 
 
-def test_presets():
-    for name, fields in PRESETS.items():
-        config = DebertaConfig.from_preset(name)
-        assert config.hidden_size == fields["hidden_size"], name
-    v1, v2, v3 = (DebertaConfig.from_preset(n) for n in ("deberta-base", "deberta-v2-xlarge", "deberta-v3-base"))
-    assert (v1.projection_layout, v1.position_buckets, v1.pos_att_type) == ("fused", -1, ["c2p", "p2c"])
-    assert (v2.conv_kernel_size, v2.conv_act, v2.num_hidden_layers) == (3, "gelu", 24)
-    assert (v3.conv_kernel_size, v3.position_buckets, v3.share_att_key) == (0, 256, True)
-    assert DebertaConfig().to_diff_dict().keys() >= {"model_type"}  # defaults are deberta-v3-base
-    assert DebertaConfig.from_preset("mdeberta-v3-base").vocab_size == 251000
-    with pytest.raises(ValueError, match="Unknown preset"):
-        DebertaConfig.from_preset("deberta-v4")
+# The config.json files published with three checkpoints (microsoft/deberta-base, microsoft/deberta-v2-xlarge,
+# microsoft/deberta-v3-base), one per version: the fields of the tiny official files above at their real sizes.
+OFFICIAL_CONFIG_FILES = {
+    "deberta-base": dict(
+        OFFICIAL_V1_CONFIG,
+        hidden_size=768,
+        intermediate_size=3072,
+        num_attention_heads=12,
+        num_hidden_layers=12,
+        vocab_size=50265,
+    ),
+    "deberta-v2-xlarge": dict(
+        OFFICIAL_V3_CONFIG,
+        attention_head_size=64,
+        conv_act="gelu",
+        conv_kernel_size=3,
+        hidden_size=1536,
+        intermediate_size=6144,
+        num_attention_heads=24,
+        num_hidden_layers=24,
+        position_buckets=256,
+        vocab_size=128100,
+    ),
+    "deberta-v3-base": dict(
+        OFFICIAL_V3_CONFIG,
+        hidden_size=768,
+        intermediate_size=3072,
+        num_attention_heads=12,
+        num_hidden_layers=12,
+        position_buckets=256,
+        vocab_size=128100,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OFFICIAL_CONFIG_FILES))
+def test_preset_is_the_model_its_official_config_file_describes(name, tmp_path):
+    """A preset and the official config.json, read the way `from_pretrained` reads it, give the same architecture."""
+    (tmp_path / "config.json").write_text(json.dumps(OFFICIAL_CONFIG_FILES[name]))
+    official, preset = DebertaConfig.from_pretrained(tmp_path), DebertaConfig.from_preset(name)
+    fields = set(OFFICIAL_CONFIG_FILES[name]) | set(PRESETS[name]) | {"conv_kernel_size", "conv_act", "head_dim"}
+    for field in sorted(fields - {"model_type", "attention_head_size"}):  # head_dim stands for attention_head_size
+        assert getattr(preset, field) == getattr(official, field), field
+
+
+def test_defaults_are_deberta_v3_base_and_presets_take_overrides():
+    assert DebertaConfig().to_dict() == DebertaConfig.from_preset("deberta-v3-base").to_dict()
+    check_preset_overrides(DebertaConfig, "deberta-v3-large", num_hidden_layers=2, emd_steps=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -748,7 +746,7 @@ def test_padding_does_not_change_real_tokens(variant, implementation):
 
 def test_three_dimensional_attention_mask_equals_padding_mask():
     torch.manual_seed(0)
-    model = DebertaModel(tiny_config(conv_kernel_size=3)).eval()
+    model = DebertaModel(tiny_config(DebertaConfig, conv_kernel_size=3)).eval()
     input_ids, attention_mask, _ = make_batch()
     pairwise = attention_mask[:, None, :] * attention_mask[:, :, None]  # the official (B, L, L) form
     with torch.no_grad():
@@ -778,7 +776,7 @@ def test_half_precision_without_nan(dtype, implementation, variant):
 
 def test_gradient_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
-    model = DebertaForMaskedLM(tiny_config(conv_kernel_size=3))
+    model = DebertaForMaskedLM(tiny_config(DebertaConfig, conv_kernel_size=3))
     input_ids, attention_mask, _ = make_batch()
     labels = input_ids.masked_fill(attention_mask == 0, -100)
 
@@ -820,7 +818,7 @@ def test_sdpa_gradients_equal_eager_gradients(variant):
 
 def test_dropout_is_active_in_training_only():
     torch.manual_seed(0)
-    model = DebertaModel(tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    model = DebertaModel(tiny_config(DebertaConfig, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
     input_ids, attention_mask, _ = make_batch()
     model.train()
     a = model(input_ids, attention_mask=attention_mask).last_hidden_state
@@ -836,11 +834,11 @@ def test_dropout_is_active_in_training_only():
 
 def test_long_inputs_without_absolute_positions():
     torch.manual_seed(0)
-    model = DebertaModel(tiny_config(max_position_embeddings=64, position_buckets=32)).eval()
+    model = DebertaModel(tiny_config(DebertaConfig, max_position_embeddings=64, position_buckets=32)).eval()
     with torch.no_grad():
         out = model(torch.randint(1, 99, (1, 150))).last_hidden_state
     assert out.shape == (1, 150, 32) and torch.isfinite(out).all()
-    mlm = DebertaForMaskedLM(tiny_config(max_position_embeddings=64, position_buckets=32))
+    mlm = DebertaForMaskedLM(tiny_config(DebertaConfig, max_position_embeddings=64, position_buckets=32))
     with pytest.raises(ValueError, match="longer than max_position_embeddings=64"):
         mlm(torch.randint(1, 99, (1, 65)))
 
@@ -866,7 +864,7 @@ def test_inference_caches_and_buffers_give_the_training_path_outputs(variant):
 
 def test_cached_position_projections_follow_weight_changes(tmp_path):
     torch.manual_seed(0)
-    model = DebertaModel(tiny_config()).eval()
+    model = DebertaModel(tiny_config(DebertaConfig)).eval()
     input_ids, attention_mask, _ = make_batch()
 
     def run(m):
@@ -881,8 +879,8 @@ def test_cached_position_projections_follow_weight_changes(tmp_path):
     model.save_pretrained(tmp_path)
     fresh = DebertaModel.from_pretrained(tmp_path).eval()
     assert max_diff(run(model), run(fresh), attention_mask) <= TOL
-    model.load_state_dict(DebertaModel(tiny_config()).state_dict())  # copy_ into the parameters
-    reference = DebertaModel(tiny_config())
+    model.load_state_dict(DebertaModel(tiny_config(DebertaConfig)).state_dict())  # copy_ into the parameters
+    reference = DebertaModel(tiny_config(DebertaConfig))
     reference.load_state_dict(model.state_dict())
     assert max_diff(run(model), run(reference.eval()), attention_mask) <= TOL
     half = run(model.to(torch.bfloat16))  # new storage and dtype
@@ -892,7 +890,7 @@ def test_cached_position_projections_follow_weight_changes(tmp_path):
 @pytest.mark.slow
 def test_torch_compile():
     torch.manual_seed(0)
-    model = DebertaForMaskedLM(tiny_config(conv_kernel_size=3)).eval()
+    model = DebertaForMaskedLM(tiny_config(DebertaConfig, conv_kernel_size=3)).eval()
     input_ids, attention_mask, _ = make_batch()
     compiled = torch.compile(model)
     with torch.no_grad():
@@ -922,7 +920,7 @@ def test_flex_attention_equals_sdpa(variant):
 
 def test_save_load_round_trip_and_auto_classes(tmp_path):
     torch.manual_seed(0)
-    model = DebertaForMaskedLM(tiny_config(conv_kernel_size=3, emd_steps=3)).eval()
+    model = DebertaForMaskedLM(tiny_config(DebertaConfig, conv_kernel_size=3, emd_steps=3)).eval()
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
     saved = json.loads((tmp_path / "config.json").read_text())
@@ -948,7 +946,7 @@ def test_model_type_is_distinct_from_transformers():
     assert transformers.CONFIG_MAPPING["posformers-deberta"] is DebertaConfig
     for auto_name, target in AUTO_MAP.items():
         if auto_name != "AutoConfig":
-            model = getattr(transformers, auto_name).from_config(tiny_config())
+            model = getattr(transformers, auto_name).from_config(tiny_config(DebertaConfig))
             assert type(model).__name__ == target.rsplit(".", 1)[1]
             assert type(model).__module__.startswith("posformers.")
 
@@ -1002,7 +1000,7 @@ def test_remote_code_loads_every_head_in_a_fresh_process_without_posformers(tmp_
             continue
         class_name = target.rsplit(".", 1)[1]
         torch.manual_seed(0)
-        model = getattr(posformers, class_name)(tiny_config(conv_kernel_size=3)).eval()
+        model = getattr(posformers, class_name)(tiny_config(DebertaConfig, conv_kernel_size=3)).eval()
         model.save_pretrained(tmp_path / class_name)
         job, outputs = remote_job(class_name, auto_name, tmp_path / class_name, tmp_path, model)
         jobs.append(job)
@@ -1028,7 +1026,7 @@ print(json.dumps({"commit": model.push_to_hub(ARGS["repo"]).oid, "class": type(m
 def test_push_to_hub_then_load_from_hub_without_posformers(hub_server, tmp_path):
     repo = "posformers-test/tiny-deberta-mlm"
     torch.manual_seed(0)
-    model = DebertaForMaskedLM(tiny_config(conv_kernel_size=3)).eval()
+    model = DebertaForMaskedLM(tiny_config(DebertaConfig, conv_kernel_size=3)).eval()
     model.save_pretrained(tmp_path / "mlm")
     pushed = run_python(
         CHILD_PUSH,
@@ -1084,18 +1082,18 @@ def test_push_to_hub_then_load_from_hub_without_posformers(hub_server, tmp_path)
 )
 def test_config_validation(overrides, message):
     with pytest.raises(ValueError, match=message):
-        tiny_config(**overrides)
+        tiny_config(DebertaConfig, **overrides)
 
 
 def test_fields_changed_after_creation_are_checked_at_model_build():
-    config = tiny_config()
+    config = tiny_config(DebertaConfig)
     config.pos_att_type = ["c2p", "q2q"]
     with pytest.raises(ValueError, match="unknown entries"):
         DebertaModel(config)
-    config = tiny_config(embedding_size=16)
+    config = tiny_config(DebertaConfig, embedding_size=16)
     with pytest.raises(ValueError, match="embedding_size"):
         DebertaForMaskedLM(config)
-    assert DebertaForMaskedLM(tiny_config(embedding_size=16, emd_steps=0)).lm_predictions.steps == 0
+    assert DebertaForMaskedLM(tiny_config(DebertaConfig, embedding_size=16, emd_steps=0)).lm_predictions.steps == 0
 
 
 @pytest.mark.parametrize(
@@ -1119,16 +1117,17 @@ def test_fields_changed_after_creation_are_checked_at_model_build():
     ],
 )
 def test_bad_inputs_give_clear_errors(kwargs, message):
-    model = DebertaForMaskedLM(tiny_config()).eval()
+    model = DebertaForMaskedLM(tiny_config(DebertaConfig)).eval()
     with pytest.raises(ValueError, match=message):
         model(**kwargs)
 
 
 def test_token_types_are_checked_only_when_the_model_has_them():
-    with_types = DebertaModel(tiny_config(type_vocab_size=2)).eval()
+    with_types = DebertaModel(tiny_config(DebertaConfig, type_vocab_size=2)).eval()
     with pytest.raises(ValueError, match="token_type_ids must lie"):
         with_types(torch.ones(1, 5, dtype=torch.long), token_type_ids=torch.full((1, 5), 2))
-    without = DebertaModel(tiny_config()).eval()  # official v3 checkpoints: type_vocab_size 0, token types ignored
+    # official v3 checkpoints: type_vocab_size 0, token types ignored
+    without = DebertaModel(tiny_config(DebertaConfig)).eval()
     with torch.no_grad():
         plain = without(torch.ones(1, 5, dtype=torch.long)).last_hidden_state
         typed = without(torch.ones(1, 5, dtype=torch.long), token_type_ids=torch.ones(1, 5, dtype=torch.long))
@@ -1137,4 +1136,4 @@ def test_token_types_are_checked_only_when_the_model_has_them():
 
 def test_multiple_choice_needs_a_choice_dimension():
     with pytest.raises(ValueError, match="num_choices"):
-        DebertaForMultipleChoice(tiny_config())(torch.ones(2, 5, dtype=torch.long))
+        DebertaForMultipleChoice(tiny_config(DebertaConfig))(torch.ones(2, 5, dtype=torch.long))

@@ -14,6 +14,7 @@ import torch
 import transformers
 from helpers import python_env, run_python
 from helpers.data import DATA_DIR
+from helpers.modeling import check_preset_overrides, max_diff, tiny_config
 from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel
@@ -38,28 +39,13 @@ from posformers.littlebird import (
     window_key_blocks,
 )
 
-TINY = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    block_size=4,
-    pack_length=3,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
 TOL = 1e-5
 HEADS = {auto: target.rsplit(".", 1)[1] for auto, target in AUTO_MAP.items() if auto != "AutoConfig"}
 
 
-def tiny_config(**overrides) -> LittleBirdConfig:
-    return LittleBirdConfig(**{**TINY, **overrides})
-
-
 def tiny_model(model_class=LittleBirdModel, seed=0, **overrides):
     torch.manual_seed(seed)
-    model = model_class(tiny_config(**overrides)).eval()
+    model = model_class(tiny_config(LittleBirdConfig, **overrides)).eval()
     randomize_slopes(model, seed)
     return model
 
@@ -82,10 +68,6 @@ def right_padded_batch(lengths, seq_len, vocab=99, seed=0):
     token_type_ids = torch.zeros_like(input_ids)
     token_type_ids[:, seq_len // 3 :] = 1
     return input_ids, attention_mask, token_type_ids
-
-
-def max_diff_on_real_tokens(a, b, attention_mask):
-    return (a - b)[attention_mask.bool()].abs().max().item()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -262,7 +244,7 @@ def test_model_matches_model_with_dense_attention(monkeypatch):
     monkeypatch.setattr(modeling_littlebird, "unpack_sliding_window_attention", dense_kernel)
     with torch.no_grad():
         expected = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-    assert max_diff_on_real_tokens(actual.last_hidden_state, expected.last_hidden_state, attention_mask) <= TOL
+    assert max_diff(actual.last_hidden_state, expected.last_hidden_state, attention_mask) <= TOL
     assert (actual.pack_states - expected.pack_states).abs().max().item() <= TOL
 
 
@@ -381,13 +363,13 @@ def test_layout_biases_packed_keys_with_the_constant():
 def test_slopes_start_at_alibi_values_or_a_constant():
     slopes = alibi_slopes(12)
     assert torch.allclose(slopes, torch.tensor([2 ** (-8 * h / 12) for h in range(1, 13)]))
-    attention = LittleBirdModel(tiny_config()).encoder.layer[1].attention.self
+    attention = LittleBirdModel(tiny_config(LittleBirdConfig)).encoder.layer[1].attention.self
     for slope in (attention.alpha, attention.beta, attention.gamma):
         assert torch.equal(slope.data, alibi_slopes(4))
-    attention = LittleBirdModel(tiny_config(bialibi_init=0.25)).encoder.layer[0].attention.self
+    attention = LittleBirdModel(tiny_config(LittleBirdConfig, bialibi_init=0.25)).encoder.layer[0].attention.self
     assert torch.equal(attention.gamma.data, torch.full((4,), 0.25))
     # a number spelled as a string (a command line's --config_overrides) is that number
-    assert tiny_config(bialibi_init="0.25").bialibi_init == 0.25
+    assert tiny_config(LittleBirdConfig, bialibi_init="0.25").bialibi_init == 0.25
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -498,7 +480,7 @@ def test_attention_weights_are_returned_in_the_blocked_layout():
     with torch.no_grad():
         output = model(input_ids, attention_mask=attention_mask, output_attentions=True, output_hidden_states=True)
         fused = model(input_ids, attention_mask=attention_mask)
-    assert max_diff_on_real_tokens(output.last_hidden_state, fused.last_hidden_state, attention_mask) <= TOL
+    assert max_diff(output.last_hidden_state, fused.last_hidden_state, attention_mask) <= TOL
     assert len(output.attentions) == len(output.pack_attentions) == 2
     assert output.attentions[0].shape == (2, 4, 6, 4, 2 * 4 + 4 * 4)  # pack blocks ceil(6 / 4) = 2, then 4 blocks
     assert output.pack_attentions[0].shape == (2, 4, 6, 21)
@@ -572,7 +554,9 @@ def test_inputs_embeds_and_default_token_types():
         zeros = model(input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids))
     assert torch.equal(from_ids, from_embeds)
     assert torch.equal(from_ids, zeros.last_hidden_state)
-    assert not hasattr(LittleBirdModel(tiny_config(type_vocab_size=0)).embeddings, "token_type_embeddings")
+    assert not hasattr(
+        LittleBirdModel(tiny_config(LittleBirdConfig, type_vocab_size=0)).embeddings, "token_type_embeddings"
+    )
 
 
 def test_save_load_round_trip_and_auto_classes(tmp_path):
@@ -602,29 +586,14 @@ def test_save_load_round_trip_and_auto_classes(tmp_path):
 @pytest.mark.parametrize("auto_name", sorted(HEADS))
 def test_auto_classes_build_littlebird_heads(auto_name):
     assert transformers.CONFIG_MAPPING["littlebird"] is LittleBirdConfig
-    model = getattr(transformers, auto_name).from_config(tiny_config())
+    model = getattr(transformers, auto_name).from_config(tiny_config(LittleBirdConfig))
     assert type(model).__name__ == HEADS[auto_name] and type(model).__module__.startswith("posformers.littlebird")
     assert getattr(posformers, HEADS[auto_name]) is type(model)
 
 
-def test_presets():
-    base, large = LittleBirdConfig.from_preset("littlebird-base"), LittleBirdConfig.from_preset("littlebird-large")
-    assert (base.num_hidden_layers, base.hidden_size, base.num_attention_heads, base.intermediate_size) == (
-        12,
-        768,
-        12,
-        3072,
-    )
-    assert (large.num_hidden_layers, large.hidden_size, large.num_attention_heads, large.intermediate_size) == (
-        24,
-        1024,
-        16,
-        4096,
-    )
-    assert base.block_size == large.block_size == base.pack_length == large.pack_length == 64
-    assert LittleBirdConfig.from_preset("littlebird-large", pack_length=32).pack_length == 32
-    with pytest.raises(ValueError, match="Unknown preset"):
-        LittleBirdConfig.from_preset("littlebird-huge")
+def test_defaults_are_littlebird_base_and_presets_take_overrides():
+    assert LittleBirdConfig().to_dict() == LittleBirdConfig.from_preset("littlebird-base").to_dict()
+    check_preset_overrides(LittleBirdConfig, "littlebird-large", pack_length=32)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -655,11 +624,11 @@ def test_presets():
 )
 def test_config_validation(overrides, message):
     with pytest.raises(ValueError, match=message):
-        tiny_config(**overrides)
+        tiny_config(LittleBirdConfig, **overrides)
 
 
 def test_config_is_validated_again_when_a_model_is_built():
-    config = tiny_config()
+    config = tiny_config(LittleBirdConfig)
     config.block_size = 0
     with pytest.raises(ValueError, match="block_size"):
         LittleBirdModel(config)
@@ -697,7 +666,7 @@ def test_config_is_validated_again_when_a_model_is_built():
     ],
 )
 def test_bad_inputs_give_clear_errors(kwargs, message):
-    model = LittleBirdModel(tiny_config()).eval()
+    model = LittleBirdModel(tiny_config(LittleBirdConfig)).eval()
     with pytest.raises(ValueError, match=message):
         model(**kwargs)
 
@@ -724,7 +693,9 @@ def test_korquad_page_runs_end_to_end_at_full_length():
     answer_tokens = torch.nonzero(in_context & (offsets[:, 0] < answer_end) & (offsets[:, 1] > answer_start))[:, 0]
     assert len(answer_tokens) > 0
 
-    config = tiny_config(vocab_size=tokenizer.vocab_size, block_size=64, pack_length=64, hidden_size=64)
+    config = tiny_config(
+        LittleBirdConfig, vocab_size=tokenizer.vocab_size, block_size=64, pack_length=64, hidden_size=64
+    )
     torch.manual_seed(0)
     model = LittleBirdForQuestionAnswering(config).train()
     output = model(**encoding, start_positions=answer_tokens[:1], end_positions=answer_tokens[-1:])

@@ -1,0 +1,71 @@
+"""Tiny configs, padded batches and output comparisons shared by the model tests (and any test that needs a model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+# Small enough for CPU tests; intermediate_size 37 matches no other size, so a mixed-up dimension fails loudly.
+# Dropout is off so that training-mode outputs are comparable.
+TINY_FIELDS = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+# What each model adds, by model_type: short position tables for RoFormer (the warning beyond them is tested); a
+# third layer and the official table for DeBERTa (the convolution sits beside layer 1, the EMD reuses the last);
+# blocks of 4 and 3 pack states for LittleBird, so that 17 tokens span several blocks.
+TINY_MODEL_FIELDS = {
+    "posformers-roformer": dict(max_position_embeddings=64),
+    "posformers-deberta": dict(num_hidden_layers=3, max_position_embeddings=512),
+    "littlebird": dict(block_size=4, pack_length=3),
+}
+
+
+def tiny_fields(model_type: str) -> dict:
+    """The tiny config fields of a model type (also what transformers' reference configs are built from)."""
+    return {**TINY_FIELDS, **TINY_MODEL_FIELDS.get(model_type, {})}
+
+
+def tiny_config(config_class, **overrides):
+    """A tiny `config_class` (RoFormerConfig, DebertaConfig, LittleBirdConfig), with `overrides` on top."""
+    return config_class(**{**tiny_fields(config_class.model_type), **overrides})
+
+
+def make_batch(batch=3, seq_len=17, vocab=99, pad_from=(None, 11, 5), seed=0, choices=None):
+    """Random (input_ids, attention_mask, token_type_ids), right-padded: row i is padded from pad_from[i] on (ids 0
+    there); token types switch to 1 halfway. With `choices`, the shape is (batch, choices, seq_len)."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (batch, seq_len) if choices is None else (batch, choices, seq_len)
+    input_ids = torch.randint(1, vocab, shape, generator=generator)
+    attention_mask = torch.ones(shape, dtype=torch.long)
+    for row, start in enumerate(pad_from[:batch]):
+        if start is not None:
+            attention_mask[row, ..., start:] = 0
+            input_ids[row, ..., start:] = 0
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[..., seq_len // 2 :] = 1
+    return input_ids, attention_mask, token_type_ids
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """Largest absolute difference of two tensors; with a (B, L) `mask` of a (B, L, ...) pair, on real tokens only
+    (padded positions hold whatever each implementation leaves there)."""
+    if mask is not None and a.shape[: mask.dim()] == mask.shape:
+        a, b = a[mask.bool()], b[mask.bool()]
+    return (a - b).abs().max().item()
+
+
+def check_preset_overrides(config_class, name: str, **overrides) -> None:
+    """`config_class.from_preset(name, **overrides)` is the preset with exactly `overrides` changed, the preset table
+    is left as it was, and an unknown name is refused with the names there are."""
+    preset = config_class.from_preset(name).to_dict()
+    assert any(preset[field] != value for field, value in overrides.items()), "pick overrides that change something"
+    assert config_class.from_preset(name, **overrides).to_dict() == {**preset, **overrides}
+    assert config_class.from_preset(name).to_dict() == preset
+    with pytest.raises(ValueError, match=rf"Unknown preset 'no-such-size' for {config_class.__name__}; choose one of"):
+        config_class.from_preset("no-such-size")
