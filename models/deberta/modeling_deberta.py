@@ -257,7 +257,7 @@ class DebertaEmbeddings(nn.Module):
     """Word (+ token type) (+ absolute position, when `position_biased_input`) embeddings, LayerNorm, padding zeroed.
 
     `position_embeddings` also exists when the Enhanced Mask Decoder needs absolute positions (`with_positions`);
-    it is then not added here but read by `DebertaForMaskedLM`.
+    it is then not added here but read by `DebertaEnhancedMaskDecoder`.
     """
 
     def __init__(self, config: DebertaConfig, with_positions: bool = False):

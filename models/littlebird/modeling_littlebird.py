@@ -963,6 +963,7 @@ class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
 
 
 class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
+    # Copied from posformers.roformer.modeling_roformer.RoFormerForTokenClassification.__init__ with RoFormer->LittleBird all-casing  # noqa: E501
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
@@ -1006,6 +1007,7 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
 class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
     """Extractive QA (the paper's task): start and end logits over the tokens."""
 
+    # Copied from posformers.roformer.modeling_roformer.RoFormerForQuestionAnswering.__init__ with RoFormer->LittleBird all-casing  # noqa: E501
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
         self.littlebird = LittleBirdModel(config)
