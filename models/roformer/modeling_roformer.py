@@ -1,7 +1,8 @@
 """PyTorch RoFormer (Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding").
 
 Reads top to bottom in the order data flows: rotary math, embeddings, attention, layer, encoder, pre-trained base,
-base model, heads. Parameter names are those of transformers' RoFormer, so HF-format checkpoints load unchanged.
+base model, heads; then `convert_rope_layout`, a tool on whole models. Parameter names are those of transformers'
+RoFormer, so HF-format checkpoints load unchanged.
 
 This file imports only torch, transformers and its sibling `configuration_roformer.py`: `save_pretrained` copies both
 to the Hub for `trust_remote_code` users.
