@@ -49,11 +49,20 @@ def summed_cross_entropy(logits, labels, ignore_index=-100):
     return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=ignore_index, reduction="sum")
 
 
-@pytest.mark.parametrize("model", sorted(MLM))
-def test_mlm_loss_is_the_mean_over_labelled_tokens_or_over_num_items_in_batch(model):
-    head = build(MLM, model)
+# Per-token heads: their config overrides and labels (-100 = unlabelled) for a batch.
+TOKEN_LEVEL = {
+    "mlm": (MLM, {}, lambda ids, mask: ids.masked_fill((mask == 0) | (ids % 3 == 0), -100)),
+    "token_classification": (TOKEN, {"num_labels": 3}, lambda ids, mask: (ids % 3).masked_fill(mask == 0, -100)),
+}
+
+
+@pytest.mark.parametrize("model", sorted(CONFIGS))
+@pytest.mark.parametrize("kind", sorted(TOKEN_LEVEL))
+def test_token_loss_is_the_mean_over_labelled_tokens_or_over_num_items_in_batch(kind, model):
+    heads, overrides, make_labels = TOKEN_LEVEL[kind]
+    head = build(heads, model, **overrides)
     input_ids, attention_mask, _ = make_batch()
-    labels = input_ids.masked_fill((attention_mask == 0) | (input_ids % 3 == 0), -100)
+    labels = make_labels(input_ids, attention_mask)
     with torch.no_grad():
         out = head(input_ids, attention_mask=attention_mask, labels=labels)
         total = summed_cross_entropy(out.logits, labels)
@@ -61,19 +70,6 @@ def test_mlm_loss_is_the_mean_over_labelled_tokens_or_over_num_items_in_batch(mo
         # what the Trainer passes under gradient accumulation: the labelled tokens of all accumulated batches
         accumulated = head(input_ids, attention_mask=attention_mask, labels=labels, num_items_in_batch=torch.tensor(97))
     torch.testing.assert_close(accumulated.loss, total / 97)
-
-
-@pytest.mark.parametrize("model", sorted(TOKEN))
-def test_token_classification_loss_ignores_unlabelled_tokens_and_takes_num_items_in_batch(model):
-    head = build(TOKEN, model, num_labels=3)
-    input_ids, attention_mask, _ = make_batch()
-    labels = (input_ids % 3).masked_fill(attention_mask == 0, -100)
-    with torch.no_grad():
-        out = head(input_ids, attention_mask=attention_mask, labels=labels)
-        total = summed_cross_entropy(out.logits, labels)
-        torch.testing.assert_close(out.loss, total / (labels != -100).sum())
-        accumulated = head(input_ids, attention_mask=attention_mask, labels=labels, num_items_in_batch=torch.tensor(5))
-    torch.testing.assert_close(accumulated.loss, total / 5)
 
 
 @pytest.mark.parametrize("model", sorted(QA))
