@@ -1,18 +1,19 @@
 """`posformers-convert <family> --from <format> --source PATH --output DIR [options]` (also `python -m
 posformers.conversion`).
 
-Each family lives in its own module of this package (`FAMILIES`), imported only when its subcommand runs, so a
-broken or missing family never stops the others. A family module provides:
+Each family lives in its own module of this package (`FAMILIES`, with the line `posformers-convert --help` shows for
+it), imported only when its subcommand runs, so a broken or missing family never stops the others. A family module
+provides:
 
-    HELP: str                                   one line for `posformers-convert --help`
+    SOURCES: dict[str, type[core.Source]]       `--from` value -> the source class that reads that format; the
+                                                class's `help` describes the format in `--from`'s help
     add_arguments(parser: argparse.ArgumentParser) -> None
-        adds `--from` (required, with its choices) and the family's own options; the common options
-        (--source, --output, --push-to-hub, --no-verify, --overwrite, --dtype) are already there
-    convert(args: argparse.Namespace) -> int
-        does the conversion with `core` and returns the exit status; raises `core.ConversionError` for anything the
-        user has to fix. `args.command_line` holds the command as typed, for the model card.
+        adds the family's own options; `--from` and the common options (--source, --output, --push-to-hub,
+        --no-verify, --overwrite, --dtype) are already there
 
-A `ConversionError` is printed as `error: <message>` and exits with status 1, without a traceback.
+The conversion itself is `core.run_conversion(SOURCES[args.source_format](args), args)`, the same for every family.
+`args.command_line` holds the command as typed, for the model card. A `ConversionError` is printed as
+`error: <message>` and exits with status 1, without a traceback.
 """
 
 from __future__ import annotations
@@ -22,14 +23,23 @@ import importlib
 import shlex
 import sys
 
-from posformers.conversion.core import DTYPES, ConversionError
+from posformers.conversion.core import DTYPES, ConversionError, run_conversion
 
 PROG = "posformers-convert"
 # family -> (module, one-line help shown even when the module cannot be imported)
 FAMILIES = {
-    "roformer": ("posformers.conversion.roformer", "RoFormer: ZhuiyiTechnology TF checkpoints, HF-format, RoFormer-v2"),
-    "deberta": ("posformers.conversion.deberta", "DeBERTa v1/v2/v3/mdeberta: HF-format or microsoft/DeBERTa"),
-    "littlebird": ("posformers.conversion.littlebird", "LittleBird initialised from a BERT or RoBERTa encoder"),
+    "roformer": (
+        "posformers.conversion.roformer",
+        "RoFormer: ZhuiyiTechnology TF checkpoints (tf), HF-format directories (hf), junnyu's RoFormer-v2 (v2)",
+    ),
+    "deberta": (
+        "posformers.conversion.deberta",
+        "DeBERTa v1/v2/v3/mdeberta: HF-format checkpoints (hf) or the microsoft/DeBERTa repository's (original)",
+    ),
+    "littlebird": (
+        "posformers.conversion.littlebird",
+        "LittleBird initialised from a BERT or RoBERTa encoder (the paper's initialisation)",
+    ),
 }
 
 
@@ -50,7 +60,12 @@ def build_parser(family: str | None = None) -> argparse.ArgumentParser:
         subparser = subparsers.add_parser(name, help=help_text, description=help_text)
         add_common_arguments(subparser)
         if name == family:
-            _family_module(name).add_arguments(subparser)
+            module = _family_module(name)
+            formats = "; ".join(f"{fmt}: {source.help}" for fmt, source in module.SOURCES.items())
+            subparser.add_argument(
+                "--from", dest="source_format", required=True, choices=list(module.SOURCES), help=formats
+            )
+            module.add_arguments(subparser)
     return parser
 
 
@@ -71,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser(family if family in FAMILIES else None)
         args = parser.parse_args(argv)
         args.command_line = shlex.join([PROG, *argv])
-        return _family_module(args.family).convert(args)
+        source = _family_module(args.family).SOURCES[args.source_format](args)
+        return run_conversion(source, args)
     except ConversionError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1

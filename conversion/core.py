@@ -1,9 +1,11 @@
-"""The core shared by `posformers-convert`: safe loading, key maps with strict accounting, checks, verification, output.
+"""The core shared by `posformers-convert`: safe loading, key maps with strict accounting, checks, verification, output,
+and the one driver that runs them.
 
-A family module (roformer.py, deberta.py, littlebird.py) reads its source with `load_tensors` (or its own reader, e.g.
-TensorFlow checkpoints), renames it with a `KeyMap` (every source tensor is mapped or dropped with a reason), checks
-the result against the posformers model with `check_state_dict`, builds the model with `build_model`, compares it with
-the reference implementation with `compare_outputs`, and hands it to `write_output`.
+Each source format of a family (roformer.py, deberta.py, littlebird.py) is a `Source`: it reads its checkpoint (with
+`load_tensors`, or its own reader, e.g. TensorFlow checkpoints), names a `KeyMap` (every source tensor is mapped or
+dropped with a reason), verifies the built model against the reference implementation (`compare_outputs`) and names
+its tokenizer. `run_conversion` does the rest the same way for all: the map, the state-dict check against the model
+built on the meta device (`build_model`), verification, an atomic `write_output` and the push.
 
 Every user-facing failure is a `ConversionError`: the CLI prints its message and exits with status 1, no traceback.
 
@@ -14,12 +16,14 @@ converted model never needs them.
 
 from __future__ import annotations
 
+import argparse
 import json
 import pickle
 import re
 import shutil
 import sys
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +143,17 @@ def _load_pickle(file: Path) -> dict[str, torch.Tensor]:
     if others := sorted(set(loaded) - set(tensors)):
         log(f"note: {file.name}: ignored non-tensor entries (not weights): {others}")
     return tensors
+
+
+def read_json(path: Path) -> dict:
+    """The JSON object in `path` (a config file); ConversionError when it cannot be read or is not an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConversionError(f"{path}: not a readable JSON file ({error})") from error
+    if not isinstance(value, dict):
+        raise ConversionError(f"{path}: expected a JSON object")
+    return value
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -345,6 +360,26 @@ def masked_hidden(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.T
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Tokenizer files
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def tokenizer_location(vocab: str | None, source_dir: Path) -> Path:
+    """Where the tokenizer files are: `--vocab` when given (it must exist), else the source's own directory."""
+    location = Path(vocab) if vocab else source_dir
+    if not location.exists():
+        raise ConversionError(f"--vocab {location}: no such file or directory")
+    return location
+
+
+def no_tokenizer(location: Path, wanted: str, explicit: bool) -> None:
+    """No tokenizer files (`wanted`) at `location`: an error for an explicit `--vocab`, else a note (and None)."""
+    if explicit:
+        raise ConversionError(f"--vocab {location}: no {wanted} there")
+    log(f"note: {location} has no tokenizer files ({wanted}); no tokenizer written (see --vocab)")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -453,3 +488,87 @@ def push_output(model, output_dir: Path, repo_id: str, *, tokenizer=None, max_sh
             f"the converted model is complete in {output_dir}, but pushing it to {repo_id} failed: {error}"
         ) from error
     log(f"pushed {output_dir} to {repo_id}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class Source(ABC):
+    """One source format of one family (`roformer --from tf`, `deberta --from original`, ...), as `run_conversion`
+    drives it. Built from the parsed command line, it reads nothing until `load`. A subclass provides, in the order
+    they are called:
+
+        load() -> tensors     read the source: return its tensors (under source names), set `config` and
+                              `model_class`, check what only the source can tell (tied copies, position tables)
+        key_map() -> KeyMap   source names -> posformers names, for what `load` found
+        complete(target, report) -> target
+                              after the mapping: add what the source lacks (fresh parameters), cast, note what the
+                              mapping means; the default returns `target` unchanged
+        verify(model) -> diffs
+                              compare `model` with the reference implementation (`compare_outputs`); --no-verify skips
+        tokenizer()           the tokenizer to save beside the model, or None
+        describe() -> str     where the weights came from, for the model card
+
+    `help` (class attribute) is the format's entry in `--from`'s help; `notes` collects lines for the model card.
+    """
+
+    help = ""
+    base_model: str | None = None  # a Hub repo id the source is known as, for the card metadata
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.path = Path(args.source)
+        self.config = None
+        self.model_class = None
+        self.notes: list[str] = []
+
+    @abstractmethod
+    def load(self) -> dict[str, torch.Tensor]: ...
+
+    @abstractmethod
+    def key_map(self) -> KeyMap: ...
+
+    def complete(self, target: dict[str, torch.Tensor], report: MappingReport) -> dict[str, torch.Tensor]:
+        return target
+
+    @abstractmethod
+    def verify(self, model) -> dict[str, float]: ...
+
+    @abstractmethod
+    def tokenizer(self): ...
+
+    @abstractmethod
+    def describe(self) -> str: ...
+
+
+def run_conversion(source: Source, args: argparse.Namespace) -> int:
+    """Convert `source` into `args.output` (and push it): load, map with strict accounting, check the shapes against
+    the model, build it, verify it, write it atomically. Returns the exit status; raises ConversionError."""
+    check_output_dir(args.output, args.overwrite)
+    tensors = source.load()
+    target, report = source.key_map().apply(tensors)
+    log(report.summary())
+    target = source.complete(target, report)
+    model = build_model(source.model_class, source.config, target)
+    del target
+    verification = None if args.no_verify else source.verify(model)
+    info = OutputInfo(
+        source_description=source.describe(),
+        command_line=args.command_line,
+        base_model=source.base_model,
+        verification=verification,
+        notes=[line.strip() for line in report.summary().splitlines()] + source.notes,
+    )
+    tokenizer = source.tokenizer()
+    write_output(
+        model,
+        args.output,
+        overwrite=args.overwrite,
+        info=info,
+        tokenizer=tokenizer,
+        dtype=args.dtype,
+        push_to_hub=args.push_to_hub,
+    )
+    return 0

@@ -35,10 +35,12 @@ Some safetensors files carry the word embeddings twice, also as `deberta.embeddi
 alias is dropped after checking that it equals `word_embeddings.weight`, and used as `word_embeddings.weight` when it
 is the only copy.
 
-Verification runs transformers' DebertaModel / DebertaV2Model on weights that transformers loads strictly under its
-own names (`transformers_weights`, a table separate from the conversion's), and compares every hidden state. The
-heads have no transformers counterpart that computes what the official models compute (transformers' MLM head has no
-Enhanced Mask Decoder, and there is no RTD head), so their references are built from transformers' modules:
+Verification runs transformers' DebertaModel / DebertaV2Model (for a fine-tuned head, transformers' task class of the
+same name) on weights that transformers loads strictly under its own names (`transformers_weights`, a table separate
+from the conversion's), and compares every hidden state and the head's outputs; `HEAD_REFERENCES` says, per head,
+which transformers class holds the weights and which rows compare it. The pretraining heads have no transformers
+counterpart that computes what the official models compute (transformers' MLM head has no Enhanced Mask Decoder, and
+there is no RTD head), so their references are built from transformers' modules:
 
 * MLM: the official EnhancedMaskDecoder (DeBERTa/apps/models/masked_language_model.py) on transformers' encoder: its
   last layer applied twice with keys/values from transformers' `hidden_states[-2]` and queries starting from those
@@ -54,16 +56,20 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from transformers.utils import ModelOutput
 
 from posformers.conversion import core
 from posformers.conversion.core import ConversionError, log
 from posformers.deberta.configuration_deberta import OFFICIAL_COMMON_DEFAULTS
 
-HELP = "DeBERTa v1/v2/v3/mdeberta: HF-format checkpoints or the microsoft/DeBERTa repository's"
 TASK_HEADS = {  # head -> (posformers class, its tensors besides the encoder, as a regex)
     "sequence-classification": ("DebertaForSequenceClassification", r"(pooler\.dense|classifier)\.(weight|bias)"),
     "token-classification": ("DebertaForTokenClassification", r"classifier\.(weight|bias)"),
@@ -104,14 +110,6 @@ NON_ARCHITECTURE_FIELDS = ("architectures", "_name_or_path", "transformers_versi
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--from",
-        dest="source_format",
-        required=True,
-        choices=("hf", "original"),
-        help="hf: Microsoft's checkpoints on the Hub (config.json); original: microsoft/DeBERTa release files "
-        "(pytorch.model.bin + model_config.json)",
-    )
-    parser.add_argument(
         "--head",
         choices=HEADS,
         default="auto",
@@ -135,7 +133,7 @@ def read_hf_config(source: Path) -> dict:
     path = source / "config.json"
     if not path.is_file():
         raise ConversionError(f"{source}: no config.json; --from hf needs a Hugging Face model directory")
-    config = _read_json(path)
+    config = core.read_json(path)
     if config.get("model_type") not in ("deberta", "deberta-v2"):
         raise ConversionError(
             f"{path}: model_type is {config.get('model_type')!r}; --from hf converts 'deberta' or 'deberta-v2' "
@@ -163,7 +161,7 @@ def read_original_config(weight_file: Path, tensors: dict[str, torch.Tensor]) ->
     model_type from the layout of the weights."""
     path = weight_file.parent / "model_config.json"
     if path.is_file():
-        config = _read_json(path)
+        config = core.read_json(path)
     else:
         state = torch.load(weight_file, map_location="cpu", weights_only=True, mmap=True)
         config = state.get("config") if isinstance(state, dict) else None
@@ -179,16 +177,6 @@ def read_original_config(weight_file: Path, tensors: dict[str, torch.Tensor]) ->
     fused = any(key.endswith("attention.self.in_proj.weight") for key in tensors)
     fields["model_type"] = "deberta" if fused else "deberta-v2"
     return fields
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise ConversionError(f"{path}: not a readable JSON file ({error})") from error
-    if not isinstance(value, dict):
-        raise ConversionError(f"{path}: expected a JSON object")
-    return value
 
 
 def normalize_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -316,9 +304,7 @@ def key_map(head: str, keeps_positions: bool, drop_task_heads: bool = False) -> 
 def load_tokenizer(source_dir: Path, vocab: str | None, version: str):
     """The source's tokenizer: SentencePiece (`spm.model`) for v2/v3, GPT-2 BPE for v1 (HF `vocab.json` +
     `merges.txt`, or the repository's `bpe_encoder.bin`, converted). None, with a note, when there is none."""
-    location = Path(vocab) if vocab else source_dir
-    if not location.exists():
-        raise ConversionError(f"--vocab {location}: no such file or directory")
+    location = core.tokenizer_location(vocab, source_dir)
     try:
         if version == "deberta-v2":
             return _sentencepiece_tokenizer(location, explicit=bool(vocab))
@@ -341,7 +327,7 @@ def _sentencepiece_tokenizer(location: Path, explicit: bool):
         return AutoTokenizer.from_pretrained(location)
     if (location / "spm.model").is_file():
         return DebertaV2Tokenizer(vocab_file=str(location / "spm.model"))
-    return _no_tokenizer(location, "spm.model", explicit)
+    return core.no_tokenizer(location, "spm.model", explicit)
 
 
 def _bpe_tokenizer(location: Path, explicit: bool):
@@ -356,14 +342,7 @@ def _bpe_tokenizer(location: Path, explicit: bool):
         with tempfile.TemporaryDirectory() as directory:
             write_bpe_files(encoder, Path(directory))
             return DebertaTokenizer.from_pretrained(directory)
-    return _no_tokenizer(location, "vocab.json + merges.txt or bpe_encoder.bin", explicit)
-
-
-def _no_tokenizer(location: Path, wanted: str, explicit: bool):
-    if explicit:
-        raise ConversionError(f"--vocab {location}: no {wanted} there")
-    log(f"note: {location} has no tokenizer files ({wanted}); no tokenizer written (see --vocab)")
-    return None
+    return core.no_tokenizer(location, "vocab.json + merges.txt or bpe_encoder.bin", explicit)
 
 
 def write_bpe_files(encoder_file: Path, directory: Path) -> None:
@@ -399,7 +378,7 @@ def write_bpe_files(encoder_file: Path, directory: Path) -> None:
 
 def transformers_weights(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
     """Source tensors grouped under transformers' names, independently of `key_map`: "encoder" (DebertaModel /
-    DebertaV2Model keys), "lm_head" (the non-legacy `lm_predictions.lm_head` of transformers' ...ForMaskedLM),
+    DebertaV2Model keys), "lm_head" (the non-legacy `lm_predictions.lm_head.*` of transformers' ...ForMaskedLM),
     "mask_predictions" (the RTD head, for the official head's formula), "positions" (the absolute table) and
     "task_head" (`pooler.*`, `classifier.*`, `qa_outputs.*` of transformers' task classes, full names)."""
     groups: dict[str, dict[str, torch.Tensor]] = {
@@ -421,7 +400,7 @@ def transformers_weights(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str
         if key.startswith("deberta.") and not key.endswith("position_ids"):
             groups["encoder"][key.removeprefix("deberta.")] = tensor
         elif key.startswith("lm_predictions.lm_head."):
-            groups["lm_head"][key.removeprefix("lm_predictions.lm_head.")] = tensor
+            groups["lm_head"][key] = tensor
         elif key.startswith("mask_predictions."):
             groups["mask_predictions"][key.removeprefix("mask_predictions.").replace("classifer.", "classifier.")] = (
                 tensor
@@ -438,10 +417,10 @@ def transformers_config(official: dict):
     return config_class(**fields, legacy=False)
 
 
-def load_reference(official: dict, weights: dict[str, dict[str, torch.Tensor]], with_lm_head: bool, task: str = ""):
-    """transformers' base model (or ...ForMaskedLM with its non-legacy head, or the task class `...For<task>`) holding
-    the source weights, loaded strictly: a tensor transformers does not expect, or one it lacks, stops the
-    verification with its name."""
+def load_reference(official: dict, weights: dict[str, dict[str, torch.Tensor]], head: HeadReference):
+    """transformers' `Deberta`/`DebertaV2` + `head.transformers_class` holding the source weights (the encoder, and
+    the `head.head_weights` group for a head class), loaded strictly: a tensor transformers does not expect, or one it
+    lacks, stops the verification with its name."""
     import transformers
 
     config = transformers_config(official)
@@ -450,17 +429,12 @@ def load_reference(official: dict, weights: dict[str, dict[str, torch.Tensor]], 
     encoder = weights["encoder"]
     if not config.position_biased_input:
         encoder = {key: value for key, value in encoder.items() if key != "embeddings.position_embeddings.weight"}
-    if task:
-        model_class = getattr(transformers, f"{prefix}For{task}")
-        state = {f"deberta.{key}": value for key, value in encoder.items()}
-        state.update(weights["task_head"])
-    elif with_lm_head:
-        model_class = getattr(transformers, f"{prefix}ForMaskedLM")
-        state = {f"deberta.{key}": value for key, value in encoder.items()}
-        state.update({f"lm_predictions.lm_head.{key}": value for key, value in weights["lm_head"].items()})
-    else:
-        model_class = getattr(transformers, f"{prefix}Model")
+    model_class = getattr(transformers, prefix + head.transformers_class)
+    if head.head_weights is None:
         state = encoder
+    else:
+        state = {f"deberta.{key}": value for key, value in encoder.items()}
+        state.update(weights[head.head_weights])
     with torch.device("meta"):  # no memory and no random initialisation: the weights are assigned below
         model = model_class(config)
     try:
@@ -566,131 +540,199 @@ def reference_rtd_logits(last_hidden_state: torch.Tensor, head: dict[str, torch.
     return F.linear(states, head["classifier.weight"], head["classifier.bias"]).squeeze(-1)
 
 
+@dataclass
+class VerificationRun:
+    """What a head's rows compare: our model's outputs, the reference (transformers' model holding the source
+    weights), its base model's outputs, the batch, the source weights grouped by `transformers_weights`, the official
+    config dict and our config."""
+
+    ours: ModelOutput
+    reference: nn.Module
+    expected: ModelOutput
+    batch: dict[str, torch.Tensor]
+    weights: dict[str, dict[str, torch.Tensor]]
+    official: dict
+    config: object
+
+
+Rows = dict[str, tuple[torch.Tensor, torch.Tensor]]  # row name -> (ours, reference)
+
+
+def mlm_rows(run: VerificationRun) -> Rows:
+    """The official MLM head: the Enhanced Mask Decoder (two passes of the last layer) on transformers' encoder, unless
+    the absolute positions are already added at the input; then transformers' non-legacy `lm_predictions`."""
+    reference = run.reference
+    if reference.config.position_biased_input:
+        logits = reference.lm_predictions(run.expected.last_hidden_state, reference.deberta.embeddings.word_embeddings)
+        return {"MLM logits": (run.ours.logits, logits)}
+    positions = run.weights["positions"].get("weight")
+    if positions is None:
+        raise ConversionError("verification: the source has no absolute position table")
+    logits = reference_emd_logits(reference, positions, run.batch, OFFICIAL_EMD_STEPS, run.official["model_type"])
+    return {f"MLM logits (Enhanced Mask Decoder, {OFFICIAL_EMD_STEPS} steps)": (run.ours.logits, logits)}
+
+
+def rtd_rows(run: VerificationRun) -> Rows:
+    logits = reference_rtd_logits(run.expected.last_hidden_state, run.weights["mask_predictions"], run.config)
+    return {"RTD logits": (run.ours.logits, logits)}
+
+
+def output_rows(rows: dict[str, str]) -> Callable[[VerificationRun], Rows]:
+    """Rows comparing outputs of ours and of transformers' task class of the same name: {row name: output field}."""
+
+    def compare(run: VerificationRun) -> Rows:
+        theirs = run.reference(**run.batch)
+        return {name: (run.ours[field], theirs[field]) for name, field in rows.items()}
+
+    return compare
+
+
+@dataclass(frozen=True)
+class HeadReference:
+    """How one output class is verified: the transformers class holding the source weights (after `Deberta` /
+    `DebertaV2`), the `transformers_weights` group its head loads (None: the encoder alone), and the rows that compare
+    the head's outputs with the reference."""
+
+    transformers_class: str
+    rows: Callable[[VerificationRun], Rows]
+    head_weights: str | None = None
+    per_token: bool = True  # outputs per position: padded positions are zeroed on both sides before comparing
+
+
+# --head -> its reference. transformers has no class that computes what the official MLM (Enhanced Mask Decoder) and
+# RTD heads compute, so those two are built from transformers' modules (module docstring).
+HEAD_REFERENCES = {
+    "model": HeadReference("Model", lambda run: {}),
+    "masked-lm": HeadReference("ForMaskedLM", mlm_rows, head_weights="lm_head"),
+    "rtd": HeadReference("Model", rtd_rows),
+    "sequence-classification": HeadReference(
+        "ForSequenceClassification",
+        output_rows({"sequence classification logits": "logits"}),
+        head_weights="task_head",
+        per_token=False,
+    ),
+    "token-classification": HeadReference(
+        "ForTokenClassification", output_rows({"token classification logits": "logits"}), head_weights="task_head"
+    ),
+    "question-answering": HeadReference(
+        "ForQuestionAnswering",
+        output_rows({"QA start logits": "start_logits", "QA end logits": "end_logits"}),
+        head_weights="task_head",
+    ),
+}
+
+
 def verify(model, head: str, official: dict, weight_source: Path) -> dict[str, float]:
-    """Run posformers' model and the transformers reference on one fixed batch; print and return the diffs."""
+    """Run posformers' model and `head`'s reference (`HEAD_REFERENCES`) on one fixed batch: every hidden state, then
+    the head's rows; print and return the diffs."""
     config = model.config
     weights = transformers_weights(normalize_keys(core.load_tensors(weight_source)))
-    task = HEAD_CLASSES[head].removeprefix("DebertaFor") if head in TASK_HEADS else ""
-    reference = load_reference(official, weights, with_lm_head=head == "masked-lm", task=task)
+    head_reference = HEAD_REFERENCES[head]
+    reference = load_reference(official, weights, head_reference)
     batch = core.verification_batch(config.vocab_size, config.type_vocab_size)
     mask = batch["attention_mask"]
     with torch.no_grad():
         ours = model(**batch, output_hidden_states=True)
-        base = reference.deberta if head == "masked-lm" or task else reference
-        expected = base(**batch, output_hidden_states=True)
+        expected = reference.base_model(**batch, output_hidden_states=True)
+        head_rows = head_reference.rows(VerificationRun(ours, reference, expected, batch, weights, official, config))
 
-        def stacked(states):
-            return torch.stack([core.masked_hidden(state, mask) for state in states])
+    def stacked(states):
+        return torch.stack([core.masked_hidden(state, mask) for state in states])
 
-        layers = len(expected.hidden_states) - 1
-        pairs = {
-            f"hidden states (embeddings + {layers} layers)": (
-                stacked(ours.hidden_states),
-                stacked(expected.hidden_states),
-            ),
-            "last hidden state": (
-                core.masked_hidden(ours.hidden_states[-1], mask),
-                core.masked_hidden(expected.last_hidden_state, mask),
-            ),
-        }
-        if head == "masked-lm":
-            positions = weights["positions"].get("weight")
-            # The official decoder: two passes of the last layer, unless positions are already added at the input
-            if not reference.config.position_biased_input:
-                if positions is None:
-                    raise ConversionError("verification: the source has no absolute position table")
-                logits = reference_emd_logits(reference, positions, batch, OFFICIAL_EMD_STEPS, official["model_type"])
-                name = f"MLM logits (Enhanced Mask Decoder, {OFFICIAL_EMD_STEPS} steps)"
-            else:
-                logits = reference.lm_predictions(
-                    expected.last_hidden_state, reference.deberta.embeddings.word_embeddings
-                )
-                name = "MLM logits"
-            pairs[name] = (core.masked_hidden(ours.logits, mask), core.masked_hidden(logits, mask))
-        elif head == "rtd":
-            logits = reference_rtd_logits(expected.last_hidden_state, weights["mask_predictions"], config)
-            pairs["RTD logits"] = (core.masked_hidden(ours.logits, mask), core.masked_hidden(logits, mask))
-        elif head == "sequence-classification":
-            pairs["sequence classification logits"] = (ours.logits, reference(**batch).logits)
-        elif head == "token-classification":
-            logits = reference(**batch).logits
-            pairs["token classification logits"] = (
-                core.masked_hidden(ours.logits, mask),
-                core.masked_hidden(logits, mask),
+    layers = len(expected.hidden_states) - 1
+    pairs = {
+        f"hidden states (embeddings + {layers} layers)": (stacked(ours.hidden_states), stacked(expected.hidden_states)),
+        "last hidden state": (
+            core.masked_hidden(ours.hidden_states[-1], mask),
+            core.masked_hidden(expected.last_hidden_state, mask),
+        ),
+    }
+    for name, (our_output, reference_output) in head_rows.items():
+        if head_reference.per_token:
+            our_output, reference_output = (
+                core.masked_hidden(our_output, mask),
+                core.masked_hidden(reference_output, mask),
             )
-        elif head == "question-answering":
-            output = reference(**batch)
-            for name in ("start_logits", "end_logits"):
-                pairs[f"QA {name.replace('_', ' ')}"] = (
-                    core.masked_hidden(getattr(ours, name), mask),
-                    core.masked_hidden(getattr(output, name), mask),
-                )
+        pairs[name] = (our_output, reference_output)
     return core.compare_outputs(pairs)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Command
+# Sources
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def convert(args: argparse.Namespace) -> int:
-    import posformers
+class DebertaSource(core.Source):
+    """What both formats share once the official config dict and the tensors are read: the head, the config, the
+    key map, verification and the tokenizer."""
 
-    core.check_output_dir(args.output, args.overwrite)
-    source = Path(args.source)
-    if args.source_format == "hf":
-        official = read_hf_config(source)
-        weight_source, tokenizer_dir = source, source
-        tensors = normalize_keys(core.load_tensors(source))
-    else:
-        weight_source = original_weight_file(source)
-        tokenizer_dir = weight_source.parent
-        tensors = normalize_keys(core.load_tensors(weight_source))
-        official = read_original_config(weight_source, tensors)
-    resolve_word_embeddings_alias(tensors)
-    head = choose_head(tensors, args.head, official.get("architectures"))
-    labelled = head in ("sequence-classification", "token-classification") and "classifier.weight" in tensors
-    if labelled and not {"id2label", "num_labels"} & set(official):  # no labels in config.json: the classifier's rows
-        official = {**official, "num_labels": tensors["classifier.weight"].shape[0]}
-    config = posformers_config(official)
-    model_class = getattr(posformers, HEAD_CLASSES[head])
-    keeps_positions = config.position_biased_input or (head == "masked-lm" and config.uses_emd)
-    version = "v1" if official["model_type"] == "deberta" else "v2/v3"
-    log(f"source: DeBERTa {version} ({args.source_format} format) {source} -> {model_class.__name__}")
+    format_name = ""
 
-    target, report = key_map(head, keeps_positions, drop_task_heads=args.head != "auto").apply(tensors)
-    log(report.summary())
-    stored_dtypes = sorted({str(tensor.dtype).removeprefix("torch.") for tensor in target.values()})
-    for key in list(target):  # fp16 storage: compute and verify in fp32; --dtype decides what is saved
-        target[key] = target[key].float()
-    model = core.build_model(model_class, config, target)
-    del target
+    @abstractmethod
+    def read(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The official config dict and the source tensors (the encoder under `deberta.`); sets `weight_source` (the
+        weights, read again by verification) and `tokenizer_dir`."""
 
-    diffs = None if args.no_verify else verify(model, head, official, weight_source)
-    tokenizer = load_tokenizer(tokenizer_dir, args.vocab, official["model_type"])
-    info = core.OutputInfo(
-        source_description=f"the DeBERTa {version} checkpoint `{source}` ({_format_name(args.source_format)})",
-        command_line=args.command_line,
-        verification=diffs,
-        notes=[
-            f"Output class: {model_class.__name__}; source tensors stored as {', '.join(stored_dtypes)}.",
-            *[f"Dropped: {reason}." for reason in sorted({reason for _, reason in report.dropped})],
-        ],
-    )
-    core.write_output(
-        model,
-        args.output,
-        overwrite=args.overwrite,
-        info=info,
-        tokenizer=tokenizer,
-        dtype=args.dtype,
-        push_to_hub=args.push_to_hub,
-    )
-    return 0
+    def load(self) -> dict[str, torch.Tensor]:
+        import posformers
+
+        self.official, tensors = self.read()
+        resolve_word_embeddings_alias(tensors)
+        self.head = choose_head(tensors, self.args.head, self.official.get("architectures"))
+        labelled = self.head in ("sequence-classification", "token-classification") and "classifier.weight" in tensors
+        if labelled and not {"id2label", "num_labels"} & set(self.official):  # no labels in config.json: the rows
+            self.official = {**self.official, "num_labels": tensors["classifier.weight"].shape[0]}
+        self.config = posformers_config(self.official)
+        self.model_class = getattr(posformers, HEAD_CLASSES[self.head])
+        self.keeps_positions = self.config.position_biased_input or (self.head == "masked-lm" and self.config.uses_emd)
+        self.version = "v1" if self.official["model_type"] == "deberta" else "v2/v3"
+        log(
+            f"source: DeBERTa {self.version} ({self.args.source_format} format) {self.path} -> "
+            f"{self.model_class.__name__}"
+        )
+        return tensors
+
+    def key_map(self) -> core.KeyMap:
+        return key_map(self.head, self.keeps_positions, drop_task_heads=self.args.head != "auto")
+
+    def complete(self, target, report):
+        stored_dtypes = sorted({str(tensor.dtype).removeprefix("torch.") for tensor in target.values()})
+        self.notes.append(
+            f"Output class: {self.model_class.__name__}; source tensors stored as {', '.join(stored_dtypes)}."
+        )
+        for key in list(target):  # fp16 storage: compute and verify in fp32; --dtype decides what is saved
+            target[key] = target[key].float()
+        return target
+
+    def verify(self, model) -> dict[str, float]:
+        return verify(model, self.head, self.official, self.weight_source)
+
+    def tokenizer(self):
+        return load_tokenizer(self.tokenizer_dir, self.args.vocab, self.official["model_type"])
+
+    def describe(self) -> str:
+        return f"the DeBERTa {self.version} checkpoint `{self.path}` ({self.format_name})"
 
 
-def _format_name(source_format: str) -> str:
-    return "Hugging Face format" if source_format == "hf" else "microsoft/DeBERTa repository format"
+class HFSource(DebertaSource):
+    help = "Microsoft's checkpoints on the Hub (config.json)"
+    format_name = "Hugging Face format"
+
+    def read(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        official = read_hf_config(self.path)
+        self.weight_source = self.tokenizer_dir = self.path
+        return official, normalize_keys(core.load_tensors(self.path))
 
 
-__all__ = ["add_arguments", "convert", "transformers_weights", "write_bpe_files"]
+class OriginalSource(DebertaSource):
+    help = "microsoft/DeBERTa release files (pytorch.model.bin + model_config.json)"
+    format_name = "microsoft/DeBERTa repository format"
+
+    def read(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        self.weight_source = original_weight_file(self.path)
+        self.tokenizer_dir = self.weight_source.parent
+        tensors = normalize_keys(core.load_tensors(self.weight_source))
+        return read_original_config(self.weight_source, tensors), tensors
+
+
+SOURCES = {"hf": HFSource, "original": OriginalSource}

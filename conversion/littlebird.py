@@ -31,7 +31,6 @@ import torch
 from posformers.conversion import core
 from posformers.conversion.core import ConversionError, log
 
-HELP = "LittleBird initialised from a BERT or RoBERTa encoder (the paper's initialisation)"
 FORMATS = {"bert": "bert", "roberta": "roberta"}  # --from -> the model_type the source config.json must have
 
 # Teacher sub-modules each student layer takes over unchanged (same names on both sides).
@@ -42,6 +41,21 @@ _LAYER_PARTS = (
     r"intermediate\.dense",
     r"output\.dense",
     r"output\.LayerNorm",
+)
+# Config fields LittleBird takes from the teacher's config as they are.
+TEACHER_CONFIG_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+    "pad_token_id",
 )
 # Parameters LittleBird has and BERT/RoBERTa do not: initialised fresh (regexes over LittleBirdModel's names).
 NEW_PARAMETERS = {
@@ -56,7 +70,6 @@ POSITION_REASON = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--from", dest="source_format", required=True, choices=sorted(FORMATS), help="source encoder")
     parser.add_argument("--block-size", type=int, default=64, help="tokens per sliding-window block (default 64)")
     parser.add_argument("--pack-length", type=int, default=64, help="number of pack states P0 (default 64)")
     parser.add_argument(
@@ -188,19 +201,8 @@ def littlebird_config(teacher_config, block_size: int, pack_length: int):
     """The LittleBird config with the teacher's sizes; no max_position_embeddings (LittleBird has no limit)."""
     from posformers import LittleBirdConfig
 
-    fields = dict(
-        vocab_size=teacher_config.vocab_size,
-        hidden_size=teacher_config.hidden_size,
-        num_hidden_layers=teacher_config.num_hidden_layers,
-        num_attention_heads=teacher_config.num_attention_heads,
-        intermediate_size=teacher_config.intermediate_size,
-        hidden_act=teacher_config.hidden_act,
-        hidden_dropout_prob=teacher_config.hidden_dropout_prob,
-        attention_probs_dropout_prob=teacher_config.attention_probs_dropout_prob,
-        type_vocab_size=teacher_config.type_vocab_size,
-        initializer_range=teacher_config.initializer_range,
-        layer_norm_eps=teacher_config.layer_norm_eps,
-        pad_token_id=teacher_config.pad_token_id,
+    fields = {name: getattr(teacher_config, name) for name in TEACHER_CONFIG_FIELDS}
+    fields.update(
         bos_token_id=getattr(teacher_config, "bos_token_id", None),
         eos_token_id=getattr(teacher_config, "eos_token_id", None),
         block_size=block_size,
@@ -231,9 +233,7 @@ def load_tokenizer(source: Path, vocab: str | None, source_format: str):
     """The teacher's tokenizer, from --vocab or the source directory; None (with a note) when there is none."""
     from transformers import AutoTokenizer, BertTokenizer, RobertaTokenizer
 
-    location = Path(vocab) if vocab else source
-    if not location.exists():
-        raise ConversionError(f"--vocab {location}: no such file or directory")
+    location = core.tokenizer_location(vocab, source)
     tokenizer_class = BertTokenizer if source_format == "bert" else RobertaTokenizer
     needed = ["vocab.txt"] if source_format == "bert" else ["vocab.json", "merges.txt"]
     if location.is_file():
@@ -242,10 +242,7 @@ def load_tokenizer(source: Path, vocab: str | None, source_format: str):
         return tokenizer_class.from_pretrained(location.parent)
     has_tokenizer = (location / "tokenizer.json").is_file() or all((location / name).is_file() for name in needed)
     if not has_tokenizer:
-        if vocab:
-            raise ConversionError(f"--vocab {location}: found neither tokenizer.json nor {' + '.join(needed)}")
-        log(f"note: {location} has no tokenizer files ({' + '.join(needed)}); no tokenizer written (see --vocab)")
-        return None
+        return core.no_tokenizer(location, f"tokenizer.json or {' + '.join(needed)}", explicit=bool(vocab))
     try:
         if (location / "config.json").is_file() or (location / "tokenizer_config.json").is_file():
             return AutoTokenizer.from_pretrained(location)
@@ -340,64 +337,68 @@ def check_copied_tensors(model, teacher, student_keys: list[str], source_format:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Command
+# Source
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def convert(args: argparse.Namespace) -> int:
-    from posformers import LittleBirdForMaskedLM, LittleBirdModel
+class TeacherSource(core.Source):
+    """A BERT or RoBERTa model directory (transformers' layout; `--from` says which) whose encoder initialises
+    LittleBird."""
 
-    core.check_output_dir(args.output, args.overwrite)
-    source, source_format = Path(args.source), args.source_format
-    teacher_config = read_teacher_config(source, source_format)
-    prefix = FORMATS[source_format]
-    tensors = normalize_keys(core.load_tensors(source), prefix)
-    with_head = has_mlm_head(tensors, source_format)
-    if with_head and source_format == "roberta" and teacher_config.hidden_act != "gelu":
-        raise ConversionError(
-            f"RoBERTa's MLM head always uses gelu, but hidden_act is {teacher_config.hidden_act!r}: LittleBird's head "
-            "uses hidden_act, so it would compute something else"
+    def load(self) -> dict[str, torch.Tensor]:
+        from posformers import LittleBirdForMaskedLM, LittleBirdModel
+
+        self.source_format = source_format = self.args.source_format
+        teacher_config = read_teacher_config(self.path, source_format)
+        self.prefix = FORMATS[source_format]
+        tensors = normalize_keys(core.load_tensors(self.path), self.prefix)
+        self.with_head = has_mlm_head(tensors, source_format)
+        if self.with_head and source_format == "roberta" and teacher_config.hidden_act != "gelu":
+            raise ConversionError(
+                f"RoBERTa's MLM head always uses gelu, but hidden_act is {teacher_config.hidden_act!r}: LittleBird's "
+                "head uses hidden_act, so it would compute something else"
+            )
+        check_tied_decoder(tensors, source_format, self.prefix)
+        self.config = littlebird_config(teacher_config, self.args.block_size, self.args.pack_length)
+        self.model_class = LittleBirdForMaskedLM if self.with_head else LittleBirdModel
+        log(f"source: {source_format} {self.path} -> {self.model_class.__name__}")
+        return tensors
+
+    def key_map(self) -> core.KeyMap:
+        return key_map(self.source_format, self.prefix, self.with_head)
+
+    def complete(self, target, report):
+        """Adds the parameters LittleBird has and the teacher does not, initialised fresh."""
+        self.copied = report.mapped
+        new = fresh_parameters(self.model_class, self.config, self.args.seed)
+        target.update(new)
+        log(f"new (initialised fresh): {len(new)} tensors: {', '.join(_new_summary(new))}")
+        self.notes.append(f"New, initialised fresh (train before use): {', '.join(_new_summary(new))}.")
+        return target
+
+    def verify(self, model) -> dict[str, float]:
+        teacher = load_teacher(self.path, self.source_format, self.with_head)
+        return verify(model, teacher, self.source_format, self.copied, self.prefix)
+
+    def tokenizer(self):
+        return load_tokenizer(self.path, self.args.vocab, self.source_format)
+
+    def describe(self) -> str:
+        return (
+            f"the {self.source_format} checkpoint `{self.path}` (LittleBird initialisation from a short-input "
+            "encoder, as in the LittleBird paper)"
         )
-    check_tied_decoder(tensors, source_format, prefix)
-    config = littlebird_config(teacher_config, args.block_size, args.pack_length)
-    model_class = LittleBirdForMaskedLM if with_head else LittleBirdModel
-    log(f"source: {source_format} {source} -> {model_class.__name__}")
 
-    target, report = key_map(source_format, prefix, with_head).apply(tensors)
-    new = fresh_parameters(model_class, config, args.seed)
-    target.update(new)
-    log(report.summary())
-    log(f"new (initialised fresh): {len(new)} tensors: {', '.join(_new_summary(new))}")
-    model = core.build_model(model_class, config, target)
-    del target
 
-    diffs = None
-    if not args.no_verify:
-        teacher = load_teacher(source, source_format, with_head)
-        diffs = verify(model, teacher, source_format, report.mapped, prefix)
-        del teacher
-    tokenizer = load_tokenizer(source, args.vocab, source_format)
-    info = core.OutputInfo(
-        source_description=f"the {source_format} checkpoint `{source}` (LittleBird initialisation from a "
-        "short-input encoder, as in the LittleBird paper)",
-        command_line=args.command_line,
-        verification=diffs,
-        notes=[
-            f"Taken over from the teacher: {len(report.mapped)} tensors.",
-            "Dropped: " + "; ".join(sorted({reason for _, reason in report.dropped})) + ".",
-            f"New, initialised fresh (train before use): {', '.join(_new_summary(new))}.",
-        ],
-    )
-    core.write_output(
-        model,
-        args.output,
-        overwrite=args.overwrite,
-        info=info,
-        tokenizer=tokenizer,
-        dtype=args.dtype,
-        push_to_hub=args.push_to_hub,
-    )
-    return 0
+class BertSource(TeacherSource):
+    help = "a BERT directory (config.json with model_type bert), e.g. bert-base-uncased"
+
+
+class RobertaSource(TeacherSource):
+    help = "a RoBERTa directory (config.json with model_type roberta), e.g. roberta-base"
+
+
+SOURCES = {"bert": BertSource, "roberta": RobertaSource}
 
 
 def _new_summary(new: dict[str, torch.Tensor]) -> list[str]:

@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import tempfile
+from abc import abstractmethod
 from pathlib import Path
 
 import torch
@@ -42,19 +43,18 @@ from torch import nn
 from posformers.conversion.core import (
     ConversionError,
     KeyMap,
-    OutputInfo,
-    build_model,
+    Source,
     compare_outputs,
     load_tensors,
     log,
     masked_hidden,
+    no_tokenizer,
+    read_json,
+    tokenizer_location,
     transposed,
     verification_batch,
-    write_output,
 )
 
-HELP = "RoFormer: ZhuiyiTechnology TF checkpoints (tf), HF-format directories (hf), junnyu's RoFormer-v2 (v2)"
-FORMATS = ("tf", "hf", "v2")
 TOLERANCE = 1e-4
 
 # bert_config.json fields that have a RoFormer counterpart (the rest describe BERT's pooler or nothing we use).
@@ -72,7 +72,7 @@ BERT_CONFIG_FIELDS = (
     "type_vocab_size",
     "initializer_range",
     "layer_norm_eps",
-    "pooler_activation",  # not in the official files; honoured if a user adds it (see pooler_fields)
+    "pooler_activation",  # not in the official files; honoured if a user adds it (RoFormerSource.pooler_fields)
 )
 # config.json fields of transformers' and junnyu's RoFormer that posformers does not use.
 UNUSED_HF_FIELDS = (
@@ -111,20 +111,6 @@ TF_DROPPED = {
 POOLER_OFF_REASON = "BERT-style pooler, dropped because --config sets add_pooling_layer to false"
 TF_POOLER = {"kernel": "bert/pooler/dense/kernel", "bias": "bert/pooler/dense/bias"}
 HF_POOLER = {"weight": "roformer.pooler.dense.weight", "bias": "roformer.pooler.dense.bias"}
-# pooler_activation when the source has a pooler and neither --config nor the source config names one (see above)
-DEFAULT_POOLER_ACTIVATION = {"tf": "linear", "hf": "tanh"}
-
-
-def pooler_fields(has_pooler: bool, source_config: dict, overrides: dict, source_format: str) -> dict:
-    """`add_pooling_layer` / `pooler_activation` for a source with or without a pooler (rules in the docstring)."""
-    if not has_pooler:
-        if overrides.get("add_pooling_layer"):
-            raise ConversionError(
-                "--config sets add_pooling_layer, but the source has no pooler weights to fill it with"
-            )
-        return {}
-    activation = source_config.get("pooler_activation", DEFAULT_POOLER_ACTIVATION[source_format])
-    return {"add_pooling_layer": True, "pooler_activation": overrides.get("pooler_activation", activation)}
 
 
 def pooler_note(config, origin: str) -> str:
@@ -138,39 +124,14 @@ def pooler_note(config, origin: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--from", dest="source_format", required=True, choices=FORMATS, help="source format")
     parser.add_argument(
         "--config",
         help="JSON file (or inline JSON object) with config fields that supply or override the source's config",
     )
-    parser.add_argument("--vocab", help="vocab.txt for the tokenizer (default: the one next to the source)")
-    parser.add_argument("--no-tokenizer", action="store_true", help="write the model only, no tokenizer files")
-
-
-def convert(args: argparse.Namespace) -> int:
-    from posformers.conversion.core import check_output_dir
-
-    check_output_dir(args.output, args.overwrite)
-    overrides = read_config_overrides(args.config)
-    if args.source_format == "tf":
-        source = TFSource(Path(args.source), overrides)
-    else:
-        source = HFSource(Path(args.source), overrides, v2=args.source_format == "v2")
-    model = build_model(source.model_class, source.config, source.state_dict)
-    verification = None if args.no_verify else source.verify(model)
-    tokenizer = None if args.no_tokenizer else build_tokenizer(args.vocab or source.vocab_file, source.config)
-    info = OutputInfo(
-        source_description=source.description,
-        command_line=args.command_line,
-        base_model=source.hub_name,
-        verification=verification,
-        notes=source.notes,
+    parser.add_argument(
+        "--vocab", help="vocab.txt (or a directory holding it) for the tokenizer (default: the one next to the source)"
     )
-    write_output(
-        model, args.output, overwrite=args.overwrite, info=info, tokenizer=tokenizer, dtype=args.dtype,
-        push_to_hub=args.push_to_hub,
-    )  # fmt: skip
-    return 0
+    parser.add_argument("--no-tokenizer", action="store_true", help="write the model only, no tokenizer files")
 
 
 def read_config_overrides(value: str | None) -> dict:
@@ -193,10 +154,9 @@ def _read_text(path: Path, what: str) -> str:
         raise ConversionError(f"{what} {path}: cannot be read ({error})") from error
 
 
-def make_config(fields: dict, overrides: dict, origin: str):
+def make_config(fields: dict, origin: str):
     import posformers
 
-    fields = {**fields, **overrides}
     try:
         return posformers.RoFormerConfig(**fields)
     except (TypeError, ValueError) as error:
@@ -277,56 +237,6 @@ def find_tf_prefix(source: Path) -> Path:
     )
 
 
-class TFSource:
-    def __init__(self, source: Path, overrides: dict):
-        prefix = find_tf_prefix(source)
-        folder = prefix.parent
-        self.description = (
-            f"the RoFormer TensorFlow checkpoint `{folder.name}/{prefix.name}` (ZhuiyiTechnology/bert4keras format)"
-        )
-        self.hub_name = None
-        self.vocab_file = folder / "vocab.txt" if (folder / "vocab.txt").is_file() else None
-        self.notes: list[str] = []
-        variables = read_tf_checkpoint(prefix)
-        log(f"read {len(variables)} variables from {prefix}")
-        self.config = make_config(self._config_fields(folder, variables, overrides), {}, str(folder))
-        self.model_class = _model_class("RoFormerForMaskedLM" if "cls/predictions/output_bias" in variables else None)
-        # the source's own pooler, kept (in, out) as TF stores it, for the independent check in `verify`
-        self.pooler = None
-        if self.config.add_pooling_layer:
-            self.pooler = (variables[TF_POOLER["kernel"]].clone(), variables[TF_POOLER["bias"]].clone())
-        self.state_dict, report = tf_key_map(pooler=self.config.add_pooling_layer).apply(variables)
-        log(report.summary())
-        self.notes += [line.strip() for line in report.summary().splitlines()[1:]]
-        if TF_POOLER["kernel"] in report_sources(report):
-            self.notes.append(pooler_note(self.config, "bert/pooler/dense"))
-            log(self.notes[-1])
-
-    def _config_fields(self, folder: Path, variables: dict, overrides: dict) -> dict:
-        config_file = folder / "bert_config.json"
-        if not config_file.is_file() and not overrides:
-            raise ConversionError(f"{config_file} not found; pass --config with the model's config fields")
-        raw = json.loads(_read_text(config_file, "config")) if config_file.is_file() else {}
-        fields = {key: raw[key] for key in BERT_CONFIG_FIELDS if key in raw}
-        if ignored := sorted(set(raw) - set(BERT_CONFIG_FIELDS)):
-            log(f"note: bert_config.json fields without a RoFormer counterpart, ignored: {ignored}")
-        words = variables.get("bert/embeddings/word_embeddings")
-        if words is not None and "embedding_size" not in fields:
-            fields["embedding_size"] = words.shape[1]  # the small models project embeddings up to hidden_size
-        fields.setdefault("layer_norm_eps", 1e-12)  # bert4keras' LayerNormalization epsilon
-        fields.update(pooler_fields(TF_POOLER["kernel"] in variables, raw, overrides, "tf"))
-        return {**fields, **overrides}
-
-    def verify(self, model) -> dict[str, float]:
-        """Against transformers' RoFormer holding the same (converted) weights; the pooler from the TF tensors."""
-        reference = transformers_reference(model)
-        return compare_models(model, reference, pooler=self.pooler)
-
-
-def report_sources(report) -> set[str]:
-    return {source for source, _ in report.mapped} | {source for source, _ in report.dropped}
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # HF-format and RoFormer-v2 directories
 # ---------------------------------------------------------------------------------------------------------------------
@@ -393,65 +303,6 @@ def check_tied_and_positions(tensors: dict[str, torch.Tensor], config) -> None:
             )
 
 
-class HFSource:
-    def __init__(self, source: Path, overrides: dict, *, v2: bool):
-        self.source = source
-        self.v2 = v2
-        kind = "RoFormer-v2 (junnyu)" if v2 else "HF-format RoFormer"
-        self.description = f"the {kind} checkpoint `{source.name}`"
-        self.hub_name = None
-        self.notes: list[str] = []
-        config_file = source / "config.json"
-        if not source.is_dir() or not config_file.is_file():
-            raise ConversionError(f"--source {source}: expected a directory with config.json and the weights")
-        raw = json.loads(_read_text(config_file, "config"))
-        self._check_kind(raw, config_file)
-        self.architecture = (raw.get("architectures") or [None])[0]
-        fields = {key: value for key, value in raw.items() if key not in UNUSED_HF_FIELDS}
-        if self.architecture == "RoFormerForCausalLM":
-            fields["is_decoder"] = True
-        tensors = load_tensors(source)
-        fields.update(pooler_fields(HF_POOLER["weight"] in tensors, raw, overrides, "hf"))
-        self.config = make_config(fields, overrides, str(config_file))
-        self.model_class = _model_class(self.architecture)
-        vocab = source / "vocab.txt"
-        self.vocab_file = vocab if vocab.is_file() else None
-        check_tied_and_positions(tensors, self.config)
-        # the source's own pooler as (in, out), for the independent check in `verify`
-        self.pooler = None
-        if self.config.add_pooling_layer:
-            self.pooler = (tensors[HF_POOLER["weight"]].T.clone(), tensors[HF_POOLER["bias"]].clone())
-        has_pooler = HF_POOLER["weight"] in tensors
-        self.state_dict, report = hf_key_map(self.config).apply(tensors)
-        log(report.summary())
-        self.notes += [line.strip() for line in report.summary().splitlines()[1:]]
-        if has_pooler:
-            self.notes.append(pooler_note(self.config, "roformer.pooler.dense"))
-            log(self.notes[-1])
-
-    def _check_kind(self, raw: dict, config_file: Path) -> None:
-        if raw.get("model_type") != "roformer":
-            raise ConversionError(f"{config_file}: model_type is {raw.get('model_type')!r}, expected 'roformer'")
-        is_v2 = raw.get("norm_type", "layer_norm") == "rms_norm"
-        if is_v2 and not self.v2:
-            raise ConversionError(f"{config_file} describes a RoFormer-v2 (norm_type rms_norm): use --from v2")
-        if self.v2 and not is_v2:
-            raise ConversionError(
-                f'{config_file} is not a RoFormer-v2 config (no "norm_type": "rms_norm"): use --from hf'
-            )
-
-    def verify(self, model) -> dict[str, float]:
-        import transformers
-
-        reference_class = getattr(transformers, self.architecture or model.__class__.__name__)
-        if not self.v2:  # transformers' RoFormer reads the source directory itself
-            reference = reference_class.from_pretrained(
-                self.source, dtype=torch.float32, is_decoder=self.config.is_decoder
-            )
-            return compare_models(model, reference.eval(), pooler=self.pooler)
-        return compare_models(model, v2_reference(model), pooler=self.pooler)
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # References and comparison
 # ---------------------------------------------------------------------------------------------------------------------
@@ -509,10 +360,6 @@ def _use_v2_computation(reference: nn.Module, eps: float) -> None:
             setattr(reference.get_submodule(parent_name), child, ReferenceRMSNorm(eps))
     if hasattr(reference, "cls"):
         reference.cls.predictions.transform = nn.Identity()
-
-
-def v2_reference(model):
-    return transformers_reference(model, rms_norm=True)
 
 
 def head_inputs(model) -> dict[str, torch.Tensor]:
@@ -587,13 +434,9 @@ def is_word_level(vocab: list[str]) -> bool:
     return sum(1 for token in vocab if cjk.fullmatch(token)) > 100
 
 
-def build_tokenizer(vocab_file: Path | str | None, config):
+def build_tokenizer(vocab_file: Path, config):
     """A tokenizer for `vocab_file`: transformers' RoFormerTokenizer (jieba words) for a word vocab, else a WordPiece
-    BertTokenizer. None (with a note) when there is no vocab."""
-    if vocab_file is None:
-        log("note: no vocab.txt next to the source and no --vocab: no tokenizer written")
-        return None
-    vocab_file = Path(vocab_file)
+    BertTokenizer."""
     # split on "\n" only: str.splitlines would also split tokens that are other line-break characters
     vocab = _read_text(vocab_file, "--vocab").rstrip("\n").split("\n")
     import transformers
@@ -617,3 +460,169 @@ def build_tokenizer(vocab_file: Path | str | None, config):
         log(f"note: the vocab has {len(tokenizer)} tokens and the model {config.vocab_size} embeddings")
     log(f"tokenizer: {type(tokenizer).__name__} from {vocab_file}")
     return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RoFormerSource(Source):
+    """What the three formats share: `--config` overrides, the pooler rules, the comparison and the tokenizer.
+
+    `load` sets `has_pooler` and, when the output keeps the pooler, `pooler`: the source's own pooler tensors as
+    (kernel (in, out), bias), for the independent "pooler output" row of `verify`."""
+
+    pooler_origin = ""  # the source's name of the pooler, for the notes
+    default_pooler_activation = ""  # rule 3 of the module docstring
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.folder = self.path  # where vocab.txt is looked for
+        self.has_pooler = False
+        self.pooler: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def pooler_fields(self, source_config: dict, overrides: dict) -> dict:
+        """`add_pooling_layer` / `pooler_activation` for the source (rules in the module docstring)."""
+        if not self.has_pooler:
+            if overrides.get("add_pooling_layer"):
+                raise ConversionError(
+                    "--config sets add_pooling_layer, but the source has no pooler weights to fill it with"
+                )
+            return {}
+        activation = source_config.get("pooler_activation", self.default_pooler_activation)
+        return {"add_pooling_layer": True, "pooler_activation": overrides.get("pooler_activation", activation)}
+
+    def complete(self, target, report):
+        if self.has_pooler:
+            self.notes.append(pooler_note(self.config, self.pooler_origin))
+            log(self.notes[-1])
+        return target
+
+    @abstractmethod
+    def reference(self, model):
+        """transformers' RoFormer computing what the source computes, as `model`'s head class."""
+
+    def verify(self, model) -> dict[str, float]:
+        return compare_models(model, self.reference(model), pooler=self.pooler)
+
+    def tokenizer(self):
+        if self.args.no_tokenizer:
+            return None
+        location = tokenizer_location(self.args.vocab, self.folder)
+        vocab_file = location / "vocab.txt" if location.is_dir() else location
+        if not vocab_file.is_file():
+            return no_tokenizer(location, "vocab.txt", explicit=bool(self.args.vocab))
+        return build_tokenizer(vocab_file, self.config)
+
+
+class TFSource(RoFormerSource):
+    help = "ZhuiyiTechnology's bert4keras releases (bert_config.json, a TF checkpoint prefix, vocab.txt)"
+    pooler_origin = "bert/pooler/dense"
+    default_pooler_activation = "linear"
+
+    def load(self) -> dict[str, torch.Tensor]:
+        overrides = read_config_overrides(self.args.config)
+        self.prefix = find_tf_prefix(self.path)
+        self.folder = self.prefix.parent
+        variables = read_tf_checkpoint(self.prefix)
+        log(f"read {len(variables)} variables from {self.prefix}")
+        self.has_pooler = TF_POOLER["kernel"] in variables
+        self.config = make_config(self._config_fields(variables, overrides), str(self.folder))
+        self.model_class = _model_class("RoFormerForMaskedLM" if "cls/predictions/output_bias" in variables else None)
+        if self.config.add_pooling_layer:
+            self.pooler = (variables[TF_POOLER["kernel"]].clone(), variables[TF_POOLER["bias"]].clone())
+        return variables
+
+    def _config_fields(self, variables: dict, overrides: dict) -> dict:
+        config_file = self.folder / "bert_config.json"
+        if not config_file.is_file() and not overrides:
+            raise ConversionError(f"{config_file} not found; pass --config with the model's config fields")
+        raw = read_json(config_file) if config_file.is_file() else {}
+        fields = {key: raw[key] for key in BERT_CONFIG_FIELDS if key in raw}
+        if ignored := sorted(set(raw) - set(BERT_CONFIG_FIELDS)):
+            log(f"note: bert_config.json fields without a RoFormer counterpart, ignored: {ignored}")
+        words = variables.get("bert/embeddings/word_embeddings")
+        if words is not None and "embedding_size" not in fields:
+            fields["embedding_size"] = words.shape[1]  # the small models project embeddings up to hidden_size
+        fields.setdefault("layer_norm_eps", 1e-12)  # bert4keras' LayerNormalization epsilon
+        fields.update(self.pooler_fields(raw, overrides))
+        return {**fields, **overrides}
+
+    def key_map(self) -> KeyMap:
+        return tf_key_map(pooler=self.config.add_pooling_layer)
+
+    def reference(self, model):
+        """transformers' RoFormer holding the same (converted) weights; the pooler row reads the TF tensors."""
+        return transformers_reference(model)
+
+    def describe(self) -> str:
+        checkpoint = f"{self.folder.name}/{self.prefix.name}"
+        return f"the RoFormer TensorFlow checkpoint `{checkpoint}` (ZhuiyiTechnology/bert4keras format)"
+
+
+class HFSource(RoFormerSource):
+    help = "HF-format directories (transformers' RoFormer, junnyu/roformer_chinese_base, ...)"
+    kind = "HF-format RoFormer"
+    pooler_origin = "roformer.pooler.dense"
+    default_pooler_activation = "tanh"
+    v2 = False
+
+    def load(self) -> dict[str, torch.Tensor]:
+        overrides = read_config_overrides(self.args.config)
+        config_file = self.path / "config.json"
+        if not self.path.is_dir() or not config_file.is_file():
+            raise ConversionError(f"--source {self.path}: expected a directory with config.json and the weights")
+        raw = read_json(config_file)
+        self._check_kind(raw, config_file)
+        self.architecture = (raw.get("architectures") or [None])[0]
+        fields = {key: value for key, value in raw.items() if key not in UNUSED_HF_FIELDS}
+        if self.architecture == "RoFormerForCausalLM":
+            fields["is_decoder"] = True
+        tensors = load_tensors(self.path)
+        self.has_pooler = HF_POOLER["weight"] in tensors
+        fields.update(self.pooler_fields(raw, overrides))
+        self.config = make_config({**fields, **overrides}, str(config_file))
+        self.model_class = _model_class(self.architecture)
+        check_tied_and_positions(tensors, self.config)
+        if self.config.add_pooling_layer:
+            self.pooler = (tensors[HF_POOLER["weight"]].T.clone(), tensors[HF_POOLER["bias"]].clone())
+        return tensors
+
+    def _check_kind(self, raw: dict, config_file: Path) -> None:
+        if raw.get("model_type") != "roformer":
+            raise ConversionError(f"{config_file}: model_type is {raw.get('model_type')!r}, expected 'roformer'")
+        is_v2 = raw.get("norm_type", "layer_norm") == "rms_norm"
+        if is_v2 and not self.v2:
+            raise ConversionError(f"{config_file} describes a RoFormer-v2 (norm_type rms_norm): use --from v2")
+        if self.v2 and not is_v2:
+            raise ConversionError(
+                f'{config_file} is not a RoFormer-v2 config (no "norm_type": "rms_norm"): use --from hf'
+            )
+
+    def key_map(self) -> KeyMap:
+        return hf_key_map(self.config)
+
+    def reference(self, model):
+        """transformers' RoFormer reading the source directory itself."""
+        import transformers
+
+        reference_class = getattr(transformers, self.architecture or type(model).__name__)
+        reference = reference_class.from_pretrained(self.path, dtype=torch.float32, is_decoder=self.config.is_decoder)
+        return reference.eval()
+
+    def describe(self) -> str:
+        return f"the {self.kind} checkpoint `{self.path.name}`"
+
+
+class V2Source(HFSource):
+    help = "junnyu's RoFormer-v2 (junnyu/roformer_v2_chinese_char_*: rms_norm, no biases)"
+    kind = "RoFormer-v2 (junnyu)"
+    v2 = True
+
+    def reference(self, model):
+        """transformers has no RoFormer-v2: its RoFormer with RoFormer-v2's computation (module docstring)."""
+        return transformers_reference(model, rms_norm=True)
+
+
+SOURCES = {"tf": TFSource, "hf": HFSource, "v2": V2Source}
