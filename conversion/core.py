@@ -33,6 +33,20 @@ import torch
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_INDEX = "pytorch_model.bin.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+# Fields of Google BERT's bert_config.json that every BERT-shaped encoder's config has, with the same meaning.
+BERT_ENCODER_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_TOLERANCE = 1e-4
 # Above this many tensors a mapping shows a progress bar (when stderr is a terminal).

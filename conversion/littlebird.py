@@ -43,20 +43,7 @@ _LAYER_PARTS = (
     r"output\.LayerNorm",
 )
 # Config fields LittleBird takes from the teacher's config as they are.
-TEACHER_CONFIG_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "hidden_act",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "type_vocab_size",
-    "initializer_range",
-    "layer_norm_eps",
-    "pad_token_id",
-)
+TEACHER_CONFIG_FIELDS = (*core.BERT_ENCODER_FIELDS, "pad_token_id")
 # Parameters LittleBird has and BERT/RoBERTa do not: initialised fresh (regexes over LittleBirdModel's names).
 NEW_PARAMETERS = {
     r"embeddings\.pack_embeddings": "P0 (embeddings.pack_embeddings)",

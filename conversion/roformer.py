@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from posformers.conversion.core import (
+    BERT_ENCODER_FIELDS,
     ConversionError,
     KeyMap,
     Source,
@@ -59,19 +60,9 @@ TOLERANCE = 1e-4
 
 # bert_config.json fields that have a RoFormer counterpart (the rest describe BERT's pooler or nothing we use).
 BERT_CONFIG_FIELDS = (
-    "vocab_size",
+    *BERT_ENCODER_FIELDS,
     "embedding_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "hidden_act",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
     "max_position_embeddings",
-    "type_vocab_size",
-    "initializer_range",
-    "layer_norm_eps",
     "pooler_activation",  # not in the official files; honoured if a user adds it (RoFormerSource.pooler_fields)
 )
 # config.json fields of transformers' and junnyu's RoFormer that posformers does not use.
