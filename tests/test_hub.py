@@ -17,6 +17,7 @@ import pytest
 import torch
 import transformers
 from helpers import python_env, run_python
+from helpers.modeling import tiny_config
 from huggingface_hub import ModelCard
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -61,14 +62,8 @@ LOCAL_README = "# My classifier\n\nWritten next to the weights before save_pretr
 STALE_FILE = "notes.txt"
 
 
-def tiny_config(**overrides) -> posformers.RoFormerConfig:
-    return posformers.RoFormerConfig(
-        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **overrides
-    )
-
-
 def tiny_model(auto_name: str, seed: int = 0):
-    config = tiny_config(is_decoder=auto_name == "AutoModelForCausalLM")
+    config = tiny_config(posformers.RoFormerConfig, is_decoder=auto_name == "AutoModelForCausalLM")
     torch.manual_seed(seed)
     return getattr(posformers, HEADS[auto_name])(config).eval()
 

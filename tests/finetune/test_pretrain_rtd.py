@@ -8,6 +8,7 @@ import shutil
 import datasets
 import pytest
 import torch
+from helpers.modeling import tiny_config
 from helpers.pretrain_corpus import QUICK, SST2_TRAIN, TINY, eval_history, write_corpus
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
@@ -39,12 +40,10 @@ def tokenizer(corpus):
     return train_tokenizer(datasets.Dataset.from_dict({"text": documents}), "unigram", 500)
 
 
-def tiny_config(vocab_size: int, **overrides) -> DebertaConfig:
-    fields = dict(
-        vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=64, position_buckets=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
-    return DebertaConfig(**{**fields, **overrides})
+def rtd_config(vocab_size: int, **overrides) -> DebertaConfig:
+    """The shared tiny DeBERTa with a real tokenizer's vocabulary, 2 heads and 16 buckets over 64 positions."""
+    fields = dict(num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    return tiny_config(DebertaConfig, vocab_size=vocab_size, position_buckets=16, **{**fields, **overrides})
 
 
 def rtd_batch(tokenizer, corpus, count=8):
@@ -61,7 +60,7 @@ def rtd_batch(tokenizer, corpus, count=8):
 
 def test_gdes_gradients_after_one_step(tokenizer, corpus):
     torch.manual_seed(0)
-    model = build_rtd_model(tiny_config(len(tokenizer)), RTDArguments(rtd_weight=50.0))
+    model = build_rtd_model(rtd_config(len(tokenizer)), RTDArguments(rtd_weight=50.0))
     model.eval()  # no dropout: the generator's loss can be recomputed exactly
     shared = model.generator.deberta.embeddings.word_embeddings
     view = model.discriminator.deberta.embeddings.word_embeddings
@@ -98,7 +97,7 @@ def test_gdes_gradients_after_one_step(tokenizer, corpus):
 
 def test_saved_discriminator_is_a_normal_deberta_with_the_effective_embedding(tokenizer, corpus, tmp_path):
     torch.manual_seed(0)
-    model = build_rtd_model(tiny_config(len(tokenizer)), RTDArguments())
+    model = build_rtd_model(rtd_config(len(tokenizer)), RTDArguments())
     view = model.discriminator.deberta.embeddings.word_embeddings
     with torch.no_grad():
         view.delta.normal_(std=0.02)
@@ -109,7 +108,7 @@ def test_saved_discriminator_is_a_normal_deberta_with_the_effective_embedding(to
     assert set(load_file(str(tmp_path / DELTA_FILE))) == {"deberta.embeddings.word_embeddings.delta"}
 
     torch.manual_seed(1)
-    restored = build_rtd_model(tiny_config(len(tokenizer)), RTDArguments())
+    restored = build_rtd_model(rtd_config(len(tokenizer)), RTDArguments())
     load_rtd(restored, tmp_path)
     for (name, tensor), (_, again) in zip(model.state_dict().items(), restored.state_dict().items()):
         assert torch.equal(tensor, again), name
@@ -128,7 +127,7 @@ def test_replacements_are_sampled_from_the_generator():
 
 
 def test_generator_size_options():
-    config = tiny_config(100, num_hidden_layers=4)
+    config = rtd_config(100, num_hidden_layers=4)
     assert generator_config(config, RTDArguments()).num_hidden_layers == 2
     assert generator_config(config, RTDArguments(generator_num_hidden_layers=3)).num_hidden_layers == 3
     narrow = generator_config(config, RTDArguments(generator_hidden_size=16, generator_config_overrides="emd_steps=0"))
