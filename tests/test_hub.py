@@ -17,10 +17,10 @@ import pytest
 import torch
 import transformers
 from helpers import python_env, run_python
-from helpers.modeling import tiny_config
+from helpers.modeling import assert_same_outputs, tensor_outputs, tiny_config
+from helpers.remote import assert_loaded_remotely, assert_no_posformers, load_remote
 from huggingface_hub import ModelCard
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 
 import posformers
 from posformers import hub
@@ -36,7 +36,6 @@ EXPECTED_PIPELINE_TAGS = {
     "AutoModelForQuestionAnswering": "question-answering",
     "AutoModelForMultipleChoice": "multiple-choice",
 }
-TOLERANCE = 1e-6
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 REPO_MLM = "posformers-test/tiny-roformer-mlm"
@@ -79,20 +78,6 @@ def tiny_inputs(auto_name: str) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
 
 
-def tensor_outputs(model, inputs) -> dict[str, torch.Tensor]:
-    with torch.no_grad():
-        output = model(**inputs)
-    return {key: value for key, value in output.items() if isinstance(value, torch.Tensor)}
-
-
-def assert_same_outputs(actual: dict, expected: dict) -> None:
-    assert sorted(actual) == sorted(expected)
-    for key, value in expected.items():
-        assert actual[key].shape == value.shape, key
-        diff = (actual[key] - value).abs().max().item()
-        assert diff <= TOLERANCE, f"{key}: max abs diff {diff}"
-
-
 @pytest.fixture(scope="module")
 def scratch():
     """A temporary directory for a module's fixtures, removed afterwards."""
@@ -106,45 +91,6 @@ def tmp_dir():
     path = Path(tempfile.mkdtemp(prefix="posformers-test-hub-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-# Loads each job's model with its Auto class and trust_remote_code=True, saves its outputs and says what it loaded.
-CHILD_LOAD = """
-import torch, transformers
-from safetensors.torch import load_file, save_file
-
-result = {"posformers_found": POSFORMERS_FOUND, "models": {}}
-for job in ARGS["jobs"]:
-    model = getattr(transformers, job["auto"]).from_pretrained(job["source"], trust_remote_code=True)
-    with torch.no_grad():
-        output = model(**load_file(job["inputs"]))
-    save_file({k: v.contiguous() for k, v in output.items() if isinstance(v, torch.Tensor)}, job["outputs"])
-    result["models"][job["name"]] = {
-        "class": type(model).__name__, "module": type(model).__module__, "training": model.training,
-    }
-try:
-    import posformers
-    result["import_posformers"] = "imported"
-except ModuleNotFoundError:
-    result["import_posformers"] = "ModuleNotFoundError"
-result["posformers_modules"] = sorted(m for m in sys.modules if m.split(".")[0] == "posformers")
-print(json.dumps(result))
-"""
-
-
-def load_job(name: str, auto_name: str, source, workdir: Path) -> dict:
-    inputs = workdir / f"{name}-inputs.safetensors"
-    save_file(tiny_inputs(auto_name), str(inputs))
-    outputs = workdir / f"{name}-outputs.safetensors"
-    return {"name": name, "auto": auto_name, "source": str(source), "inputs": str(inputs), "outputs": str(outputs)}
-
-
-def check_child_load(result: dict, job: dict, model_class: str, expected: dict) -> None:
-    loaded = result["models"][job["name"]]
-    assert loaded["module"].startswith("transformers_modules."), loaded  # the repo's code, not posformers
-    assert loaded["class"] == model_class
-    assert loaded["training"] is False
-    assert_same_outputs(load_file(job["outputs"]), expected)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -200,33 +146,26 @@ def test_auto_model_loads_posformers_base_model_from_head_checkpoint(tmp_dir):
 @pytest.fixture(scope="module")
 def remote_code_load(scratch):
     """Each head saved to a folder, then loaded with trust_remote_code=True by a child that cannot import posformers."""
-    expected, jobs = {}, []
+    expected, jobs = {}, {}
     for auto_name, class_name in sorted(HEADS.items()):
         model = tiny_model(auto_name)
         model.save_pretrained(scratch / class_name)
-        job = load_job(class_name, auto_name, scratch / class_name, scratch)
-        expected[auto_name] = (job, tensor_outputs(model, tiny_inputs(auto_name)))
-        jobs.append(job)
-    result = run_python(
-        CHILD_LOAD, {"jobs": jobs}, env=python_env(scratch / "hf-home"), cwd=scratch, without_posformers=True
-    )
-    return result, expected
+        jobs[auto_name] = (auto_name, scratch / class_name, tiny_inputs(auto_name))
+        expected[auto_name] = tensor_outputs(model, tiny_inputs(auto_name))
+    return load_remote(jobs, env=python_env(scratch / "hf-home"), cwd=scratch), expected
 
 
 @pytest.mark.slow
 def test_remote_code_child_cannot_import_posformers(remote_code_load):
     result, _ = remote_code_load
-    assert result["posformers_found"] is False
-    assert result["import_posformers"] == "ModuleNotFoundError"
-    assert result["posformers_modules"] == []
+    assert_no_posformers(result)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("auto_name", sorted(HEADS))
 def test_remote_code_load_matches_in_process_outputs(remote_code_load, auto_name):
     result, expected = remote_code_load
-    job, outputs = expected[auto_name]
-    check_child_load(result, job, HEADS[auto_name], outputs)
+    assert_loaded_remotely(result, auto_name, HEADS[auto_name], expected[auto_name])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -432,21 +371,15 @@ def pushed(hub_server, scratch):
     }
     steps = run_python(CHILD_PUSH, args, env=python_env(work / "hf-home-push", endpoint=hub_server.url), cwd=work)
 
-    jobs = [
-        load_job("mlm", "AutoModelForMaskedLM", REPO_MLM, work),
-        load_job("cls", "AutoModelForSequenceClassification", REPO_CLS, work),
-    ]
+    heads = {
+        "mlm": ("AutoModelForMaskedLM", REPO_MLM, mlm),
+        "cls": ("AutoModelForSequenceClassification", REPO_CLS, cls),
+    }
+    jobs = {name: (auto_name, repo, tiny_inputs(auto_name)) for name, (auto_name, repo, _) in heads.items()}
     requests_before = len(hub_server.requests)
-    loaded = run_python(
-        CHILD_LOAD,
-        {"jobs": jobs},
-        env=python_env(work / "hf-home-load", endpoint=hub_server.url),
-        cwd=work,
-        without_posformers=True,
-    )
+    loaded = load_remote(jobs, env=python_env(work / "hf-home-load", endpoint=hub_server.url), cwd=work)
     expected = {
-        "mlm": (jobs[0], tensor_outputs(mlm, tiny_inputs("AutoModelForMaskedLM"))),
-        "cls": (jobs[1], tensor_outputs(cls, tiny_inputs("AutoModelForSequenceClassification"))),
+        name: (auto_name, tensor_outputs(model, jobs[name][2])) for name, (auto_name, _, model) in heads.items()
     }
     return {
         "steps": steps,
@@ -480,10 +413,9 @@ def test_push_uploads_weights_config_code_and_card(pushed, hub_server):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlm", "cls"])
 def test_pushed_model_loads_from_hub_without_posformers(pushed, name):
-    assert pushed["loaded"]["posformers_found"] is False
-    assert pushed["loaded"]["posformers_modules"] == []
-    job, expected = pushed["expected"][name]
-    check_child_load(pushed["loaded"], job, HEADS[job["auto"]], expected)
+    assert_no_posformers(pushed["loaded"])
+    auto_name, expected = pushed["expected"][name]
+    assert_loaded_remotely(pushed["loaded"], name, HEADS[auto_name], expected)
 
 
 @pytest.mark.slow

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import python_env, run_python
+from helpers import python_env
 from helpers.data import DATA_DIR
-from safetensors.torch import load_file, save_file
+from helpers.remote import assert_no_posformers, load_remote
 
 VOCAB_DIR = DATA_DIR / "vocab"
 CONVERT_COMMAND = Path(sys.executable).parent / "posformers-convert"
@@ -122,23 +122,6 @@ def check_overwrite_behaviour(convert, args: list, output: Path) -> None:
     assert_no_partial_outputs(output.parent, output.name)
 
 
-# Loads each output with its Auto class and trust_remote_code=True where posformers cannot be imported.
-_CHILD_LOAD = """
-import torch, transformers
-from safetensors.torch import load_file, save_file
-
-loaded = []
-for job in ARGS["jobs"]:
-    model = getattr(transformers, job["auto"]).from_pretrained(job["model"], trust_remote_code=True).eval()
-    with torch.no_grad():
-        output = model(**load_file(job["inputs"]))
-    tensors = {k: v.contiguous() for k, v in output.items() if isinstance(v, torch.Tensor)}
-    save_file(tensors, job["outputs"])
-    loaded.append({"module": type(model).__module__, "class": type(model).__name__})
-print(json.dumps(loaded))
-"""
-
-
 def load_with_remote_code(model_dir: Path, auto_name: str, inputs: dict, workdir: Path) -> dict[str, torch.Tensor]:
     """Outputs of `auto_name.from_pretrained(model_dir, trust_remote_code=True)` computed in a fresh process without
     posformers; asserts that the repo's own code (not posformers) ran."""
@@ -149,23 +132,15 @@ def load_all_with_remote_code(jobs: list[tuple[Path, str, dict]], workdir: Path)
     """`load_with_remote_code` for several `(model_dir, auto_name, inputs)` in ONE fresh process (one interpreter
     start and one transformers import for all). Output directories need distinct names: transformers caches remote
     code by the directory's name."""
-    names = [Path(model_dir).name for model_dir, _, _ in jobs]
-    assert len(set(names)) == len(names), f"output directories need distinct names: {names}"
-    args = {"jobs": []}
-    for i, (model_dir, auto_name, inputs) in enumerate(jobs):
-        inputs_file = workdir / f"remote-{i}-inputs.safetensors"
-        save_file({key: value.contiguous() for key, value in inputs.items()}, str(inputs_file))
-        outputs_file = workdir / f"remote-{i}-outputs.safetensors"
-        args["jobs"].append(
-            {"auto": auto_name, "model": str(model_dir), "inputs": str(inputs_file), "outputs": str(outputs_file)}
-        )
-    loaded = run_python(
-        _CHILD_LOAD, args, env=python_env(workdir / "hf-home-remote"), cwd=workdir, without_posformers=True
-    )
-    assert len(loaded) == len(jobs), loaded
-    for (model_dir, _, _), info in zip(jobs, loaded, strict=True):
-        assert info["module"].startswith("transformers_modules."), (model_dir, info)
-    return [load_file(job["outputs"]) for job in args["jobs"]]
+    remote_jobs = {
+        f"remote-{i}": (auto_name, model_dir, inputs) for i, (model_dir, auto_name, inputs) in enumerate(jobs)
+    }
+    loaded = load_remote(remote_jobs, env=python_env(workdir / "hf-home-remote"), cwd=workdir)
+    assert_no_posformers(loaded)
+    for name, (_, model_dir, _) in remote_jobs.items():
+        info = loaded["models"][name]
+        assert info["module"].startswith("transformers_modules.") and info["training"] is False, (model_dir, info)
+    return [loaded["models"][name]["outputs"] for name in remote_jobs]
 
 
 def run_in_process(capsys, *args) -> tuple[int, str]:

@@ -69,3 +69,18 @@ def check_preset_overrides(config_class, name: str, **overrides) -> None:
     assert config_class.from_preset(name).to_dict() == preset
     with pytest.raises(ValueError, match=rf"Unknown preset 'no-such-size' for {config_class.__name__}; choose one of"):
         config_class.from_preset("no-such-size")
+
+
+def tensor_outputs(model, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors among `model(**inputs)`'s outputs, computed without gradients."""
+    with torch.no_grad():
+        return {key: value for key, value in model(**inputs).items() if isinstance(value, torch.Tensor)}
+
+
+def assert_same_outputs(actual: dict, expected: dict, tolerance: float = 1e-6) -> None:
+    """Two {name: tensor} outputs have the same names and shapes and differ by at most `tolerance` anywhere."""
+    assert sorted(actual) == sorted(expected)
+    for key, value in expected.items():
+        assert actual[key].shape == value.shape, key
+        diff = max_diff(actual[key], value)
+        assert diff <= tolerance, f"{key}: max abs diff {diff}"

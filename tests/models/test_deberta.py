@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from helpers import python_env, run_python
+from helpers import python_env
 from helpers.modeling import check_preset_overrides, make_batch, max_diff, tiny_config, tiny_fields
+from helpers.remote import check_remote_load, push_saved
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining
 
@@ -951,50 +952,14 @@ def test_model_type_is_distinct_from_transformers():
             assert type(model).__module__.startswith("posformers.")
 
 
-# A child that cannot import posformers loads each folder with trust_remote_code and saves its outputs.
-CHILD_LOAD = """
-import torch, transformers
-from safetensors.torch import load_file, save_file
-
-loaded = {"posformers_found": POSFORMERS_FOUND}
-for job in ARGS["jobs"]:
-    model = getattr(transformers, job["auto"]).from_pretrained(job["source"], trust_remote_code=True)
-    with torch.no_grad():
-        output = model(**load_file(job["inputs"]))
-    save_file({k: v.contiguous() for k, v in output.items() if isinstance(v, torch.Tensor)}, job["outputs"])
-    loaded[job["name"]] = f"{type(model).__module__}.{type(model).__name__}"
-loaded["posformers_modules"] = sorted(m for m in sys.modules if m.split(".")[0] == "posformers")
-print(json.dumps(loaded))
-"""
-
-
-def remote_job(name, auto_name, source, workdir, model):
-    inputs = make_batch(choices=2 if auto_name == "AutoModelForMultipleChoice" else None)
-    inputs = dict(zip(("input_ids", "attention_mask"), inputs[:2]))
-    save_file(inputs, str(workdir / f"{name}-inputs.safetensors"))
-    with torch.no_grad():
-        expected = {k: v for k, v in model(**inputs).items() if isinstance(v, torch.Tensor)}
-    job = {
-        "name": name,
-        "auto": auto_name,
-        "source": str(source),
-        "inputs": str(workdir / f"{name}-inputs.safetensors"),
-        "outputs": str(workdir / f"{name}-outputs.safetensors"),
-    }
-    return job, expected
-
-
-def check_remote_outputs(loaded, job, expected, class_name):
-    assert loaded[job["name"]].startswith("transformers_modules.") and loaded[job["name"]].endswith(class_name)
-    actual = load_file(job["outputs"])
-    assert sorted(actual) == sorted(expected)
-    for key in expected:
-        assert max_diff(actual[key], expected[key]) <= 1e-6, key
+def remote_inputs(auto_name: str) -> dict[str, torch.Tensor]:
+    input_ids, attention_mask, _ = make_batch(choices=2 if auto_name == "AutoModelForMultipleChoice" else None)
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 @pytest.mark.slow
 def test_remote_code_loads_every_head_in_a_fresh_process_without_posformers(tmp_path):
-    jobs, expected = [], {}
+    heads = {}
     for auto_name, target in AUTO_MAP.items():
         if auto_name == "AutoConfig":
             continue
@@ -1002,24 +967,8 @@ def test_remote_code_loads_every_head_in_a_fresh_process_without_posformers(tmp_
         torch.manual_seed(0)
         model = getattr(posformers, class_name)(tiny_config(DebertaConfig, conv_kernel_size=3)).eval()
         model.save_pretrained(tmp_path / class_name)
-        job, outputs = remote_job(class_name, auto_name, tmp_path / class_name, tmp_path, model)
-        jobs.append(job)
-        expected[class_name] = (job, outputs)
-    loaded = run_python(
-        CHILD_LOAD, {"jobs": jobs}, env=python_env(tmp_path / "hf-home"), cwd=tmp_path, without_posformers=True
-    )
-    assert loaded["posformers_found"] is False and loaded["posformers_modules"] == []
-    for class_name, (job, outputs) in expected.items():
-        check_remote_outputs(loaded, job, outputs, class_name)
-
-
-CHILD_PUSH = """
-import posformers
-from transformers import AutoModelForMaskedLM
-
-model = AutoModelForMaskedLM.from_pretrained(ARGS["folder"])
-print(json.dumps({"commit": model.push_to_hub(ARGS["repo"]).oid, "class": type(model).__name__}))
-"""
+        heads[class_name] = (auto_name, tmp_path / class_name, model, remote_inputs(auto_name))
+    check_remote_load(heads, env=python_env(tmp_path / "hf-home"), cwd=tmp_path)
 
 
 @pytest.mark.slow
@@ -1028,27 +977,17 @@ def test_push_to_hub_then_load_from_hub_without_posformers(hub_server, tmp_path)
     torch.manual_seed(0)
     model = DebertaForMaskedLM(tiny_config(DebertaConfig, conv_kernel_size=3)).eval()
     model.save_pretrained(tmp_path / "mlm")
-    pushed = run_python(
-        CHILD_PUSH,
-        {"folder": str(tmp_path / "mlm"), "repo": repo},
-        env=python_env(tmp_path / "hf-home-push", endpoint=hub_server.url),
-        cwd=tmp_path,
-    )
+    env = python_env(tmp_path / "hf-home-push", endpoint=hub_server.url)
+    pushed = push_saved(tmp_path / "mlm", repo, "AutoModelForMaskedLM", env=env, cwd=tmp_path)
     assert pushed["class"] == "DebertaForMaskedLM"
     files = set(hub_server.list_files(repo))
     assert {"README.md", "config.json", "model.safetensors", "configuration_deberta.py", "modeling_deberta.py"} <= files
     card = hub_server.read_file(repo, "README.md").decode()
     assert "posformers" in card and "deberta" in card and "fill-mask" in card
-    job, expected = remote_job("hub", "AutoModelForMaskedLM", repo, tmp_path, model)
-    loaded = run_python(
-        CHILD_LOAD,
-        {"jobs": [job]},
-        env=python_env(tmp_path / "hf-home-load", endpoint=hub_server.url),
-        cwd=tmp_path,
-        without_posformers=True,
+    env = python_env(tmp_path / "hf-home-load", endpoint=hub_server.url)
+    check_remote_load(
+        {"hub": ("AutoModelForMaskedLM", repo, model, remote_inputs("AutoModelForMaskedLM"))}, env=env, cwd=tmp_path
     )
-    assert loaded["posformers_found"] is False
-    check_remote_outputs(loaded, job, expected, "DebertaForMaskedLM")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -7,15 +7,14 @@ The reference builds the full (L x L) score matrix, masks it with the sparsity p
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from helpers import python_env, run_python
+from helpers import python_env
 from helpers.data import DATA_DIR
 from helpers.modeling import check_preset_overrides, max_diff, tiny_config
-from safetensors.torch import load_file, save_file
+from helpers.remote import check_remote_load, push_saved
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel
 
@@ -709,29 +708,6 @@ def test_korquad_page_runs_end_to_end_at_full_length():
 # Remote code and the Hub
 # ---------------------------------------------------------------------------------------------------------------------
 
-# Loads each job's model with its Auto class and trust_remote_code=True, saves its outputs, says what it loaded.
-CHILD_LOAD = """
-import torch, transformers
-from safetensors.torch import load_file, save_file
-
-result = {"posformers_found": POSFORMERS_FOUND, "models": {}}
-for job in ARGS["jobs"]:
-    model = getattr(transformers, job["auto"]).from_pretrained(job["source"], trust_remote_code=True)
-    with torch.no_grad():
-        output = model(**load_file(job["inputs"]))
-    save_file({k: v.contiguous() for k, v in output.items() if isinstance(v, torch.Tensor)}, job["outputs"])
-    result["models"][job["name"]] = {"class": type(model).__name__, "module": type(model).__module__}
-print(json.dumps(result))
-"""
-
-CHILD_PUSH = """
-import posformers
-from transformers import AutoModelForQuestionAnswering
-
-model = AutoModelForQuestionAnswering.from_pretrained(ARGS["model_dir"])
-print(json.dumps({"commit": model.push_to_hub(ARGS["repo"]).oid}))
-"""
-
 
 def head_inputs(auto_name: str) -> dict[str, torch.Tensor]:
     input_ids, attention_mask, token_type_ids = right_padded_batch([13, 6], 13)
@@ -741,40 +717,14 @@ def head_inputs(auto_name: str) -> dict[str, torch.Tensor]:
     return inputs
 
 
-def tensor_outputs(model, inputs) -> dict[str, torch.Tensor]:
-    with torch.no_grad():
-        return {key: value for key, value in model(**inputs).items() if isinstance(value, torch.Tensor)}
-
-
-def load_job(name, auto_name, source, workdir: Path) -> dict:
-    inputs, outputs = workdir / f"{name}-inputs.safetensors", workdir / f"{name}-outputs.safetensors"
-    save_file(head_inputs(auto_name), str(inputs))
-    return {"name": name, "auto": auto_name, "source": str(source), "inputs": str(inputs), "outputs": str(outputs)}
-
-
-def assert_child_loaded(result, job, expected):
-    loaded = result["models"][job["name"]]
-    assert loaded["module"].startswith("transformers_modules.") and loaded["class"] == HEADS[job["auto"]]
-    actual = load_file(job["outputs"])
-    assert sorted(actual) == sorted(expected)
-    for key, value in expected.items():
-        assert (actual[key] - value).abs().max().item() <= 1e-6, key
-
-
 @pytest.mark.slow
 def test_remote_code_loads_every_head_in_a_process_without_posformers(tmp_path):
-    jobs, expected = [], {}
+    heads = {}
     for auto_name, class_name in sorted(HEADS.items()):
         model = tiny_model(getattr(posformers, class_name))
         model.save_pretrained(tmp_path / class_name)
-        jobs.append(load_job(class_name, auto_name, tmp_path / class_name, tmp_path))
-        expected[class_name] = tensor_outputs(model, head_inputs(auto_name))
-    result = run_python(
-        CHILD_LOAD, {"jobs": jobs}, env=python_env(tmp_path / "hf-home"), cwd=tmp_path, without_posformers=True
-    )
-    assert result["posformers_found"] is False
-    for job in jobs:
-        assert_child_loaded(result, job, expected[job["name"]])
+        heads[class_name] = (auto_name, tmp_path / class_name, model, head_inputs(auto_name))
+    check_remote_load(heads, env=python_env(tmp_path / "hf-home"), cwd=tmp_path)
 
 
 @pytest.mark.slow
@@ -783,7 +733,8 @@ def test_push_to_hub_and_load_from_the_hub_without_posformers(hub_server, tmp_pa
     model = tiny_model(LittleBirdForQuestionAnswering, seed=3)
     model.save_pretrained(tmp_path / "qa")
     env = python_env(tmp_path / "hf-home-push", endpoint=hub_server.url)
-    run_python(CHILD_PUSH, {"model_dir": str(tmp_path / "qa"), "repo": repo}, env=env, cwd=tmp_path)
+    pushed = push_saved(tmp_path / "qa", repo, "AutoModelForQuestionAnswering", env=env, cwd=tmp_path)
+    assert pushed["class"] == "LittleBirdForQuestionAnswering"
 
     files = set(hub_server.list_files(repo))
     assert {
@@ -797,8 +748,6 @@ def test_push_to_hub_and_load_from_the_hub_without_posformers(hub_server, tmp_pa
     card = hub_server.read_file(repo, "README.md").decode()
     assert "pipeline_tag: question-answering" in card and "- littlebird" in card
 
-    job = load_job("qa", "AutoModelForQuestionAnswering", repo, tmp_path)
     env = python_env(tmp_path / "hf-home-load", endpoint=hub_server.url)
-    result = run_python(CHILD_LOAD, {"jobs": [job]}, env=env, cwd=tmp_path, without_posformers=True)
-    assert result["posformers_found"] is False
-    assert_child_loaded(result, job, tensor_outputs(model, head_inputs("AutoModelForQuestionAnswering")))
+    inputs = head_inputs("AutoModelForQuestionAnswering")
+    check_remote_load({"qa": ("AutoModelForQuestionAnswering", repo, model, inputs)}, env=env, cwd=tmp_path)
