@@ -84,3 +84,27 @@ def assert_same_outputs(actual: dict, expected: dict, tolerance: float = 1e-6) -
         assert actual[key].shape == value.shape, key
         diff = max_diff(actual[key], value)
         assert diff <= tolerance, f"{key}: max abs diff {diff}"
+
+
+def check_activation_checkpointing(model, loss, atol: float = 1e-6) -> dict[str, torch.Tensor]:
+    """`loss(model).backward()` in training mode gives the same gradients with activation checkpointing on, in both
+    of torch's checkpoint implementations (non-reentrant, transformers' default, and reentrant), as without it (a
+    parameter without a gradient there may have a zero one here). Returns the gradients without checkpointing."""
+    model.train()
+
+    def gradients():
+        model.zero_grad()
+        loss(model).backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    plain = gradients()
+    for kwargs in ({"use_reentrant": False}, {"use_reentrant": True}):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        checkpointed = gradients()
+        model.activation_checkpointing_disable()
+        assert plain.keys() <= checkpointed.keys(), (kwargs, plain.keys() - checkpointed.keys())
+        for name, grad in checkpointed.items():
+            # Reentrant checkpointing gives zeros, not None, to parameters of an output that nothing reads.
+            expected = plain.get(name, torch.zeros_like(grad))
+            torch.testing.assert_close(grad, expected, rtol=1e-5, atol=atol, msg=f"{kwargs} {name}")
+    return plain

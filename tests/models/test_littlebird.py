@@ -13,7 +13,7 @@ import torch
 import transformers
 from helpers import python_env
 from helpers.data import DATA_DIR
-from helpers.modeling import check_preset_overrides, max_diff, tiny_config
+from helpers.modeling import check_activation_checkpointing, check_preset_overrides, max_diff, tiny_config
 from helpers.remote import check_remote_load, push_saved
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel
@@ -439,16 +439,10 @@ def test_gradients_reach_slopes_and_pack_embeddings():
 
 def test_gradient_checkpointing_gives_the_same_gradients():
     input_ids, attention_mask, _ = right_padded_batch([22, 9], 22)
-    gradients = []
-    for checkpointing in (False, True):
-        model = tiny_model(LittleBirdModel).train()
-        if checkpointing:
-            model.activation_checkpointing_enable()
-        model(input_ids, attention_mask=attention_mask).last_hidden_state[attention_mask.bool()].sum().backward()
-        gradients.append({name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
-    assert gradients[0].keys() == gradients[1].keys()
-    for name, grad in gradients[0].items():
-        torch.testing.assert_close(gradients[1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    check_activation_checkpointing(
+        tiny_model(LittleBirdModel),
+        lambda model: model(input_ids, attention_mask=attention_mask).last_hidden_state[attention_mask.bool()].sum(),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

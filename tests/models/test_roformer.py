@@ -8,7 +8,14 @@ import pytest
 import torch
 import transformers
 from helpers.data import DATA_DIR
-from helpers.modeling import check_preset_overrides, make_batch, max_diff, tiny_config, tiny_fields
+from helpers.modeling import (
+    check_activation_checkpointing,
+    check_preset_overrides,
+    make_batch,
+    max_diff,
+    tiny_config,
+    tiny_fields,
+)
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
 import posformers
@@ -224,19 +231,9 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     model = RoFormerForMaskedLM(tiny_config(RoFormerConfig))
     input_ids, attention_mask, _ = make_batch()
     labels = input_ids.masked_fill(attention_mask == 0, -100)
-
-    def grads():
-        model.zero_grad()
-        model(input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    model.train()
-    plain = grads()
-    model.gradient_checkpointing_enable()
-    checkpointed = grads()
-    assert plain.keys() == checkpointed.keys()
-    for name in plain:
-        assert torch.allclose(plain[name], checkpointed[name], atol=1e-6), name
+    check_activation_checkpointing(
+        model, lambda model: model(input_ids, attention_mask=attention_mask, labels=labels).loss
+    )
 
 
 @pytest.mark.slow
