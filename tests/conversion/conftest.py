@@ -10,6 +10,7 @@ Fixtures:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import shutil
 import subprocess
@@ -151,3 +152,15 @@ def run_in_process(capsys, *args) -> tuple[int, str]:
     code = cli.main([str(arg) for arg in args])
     captured = capsys.readouterr()
     return code, captured.out + captured.err
+
+
+def cli_failure(capsys, *args) -> str:
+    """`posformers-convert *args` run in this process refuses: exit status 1 with an `error:` line and no traceback,
+    and no --output left behind where there was none. Returns everything it printed."""
+    output = next((Path(value) for flag, value in itertools.pairwise(args) if flag == "--output"), None)
+    existed = output is not None and output.exists()
+    capsys.readouterr()  # drop what earlier steps printed
+    code, printed = run_in_process(capsys, *args)
+    assert code == 1 and "\nerror: " in f"\n{printed}" and "Traceback" not in printed, printed
+    assert existed or output is None or not output.exists(), f"{output} written by a refused conversion\n{printed}"
+    return printed
