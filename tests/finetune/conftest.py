@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.data import DATA_DIR
+from helpers.pretrain_corpus import write_corpus
 
 import posformers
 
@@ -40,3 +41,9 @@ QUIET = ["--report_to", "none", "--disable_tqdm", "True", "--save_strategy", "no
 @pytest.fixture(scope="session")
 def glue_dir() -> Path:
     return GLUE_DIR
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    """train.txt and valid.txt of real text for the pre-training tests (helpers.pretrain_corpus.write_corpus)."""
+    return write_corpus(tmp_path_factory.mktemp("corpus"))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers import python_env, sample_log
-from helpers.pretrain_corpus import QUICK, TINY, write_corpus
+from helpers.pretrain_corpus import TINY, write_corpus
 from transformers import AutoModelForSequenceClassification
 from transformers.trainer_pt_utils import get_module_class_from_name
 
@@ -136,7 +136,7 @@ def test_pretrain_push_to_hub_runs_on_every_process(tmp_path, hub_server):
         "--train_file", str(corpus["train"]), "--max_seq_length", "32",
         "--do_train", "--max_steps", "2", "--per_device_train_batch_size", "4", "--learning_rate", "1e-3",
         "--output_dir", str(tmp_path / "out"), "--ddp_backend", "gloo", "--use_cpu",
-        "--push_to_hub", "--hub_model_id", repo, *QUICK,
+        "--push_to_hub", "--hub_model_id", repo, *QUIET,
     ]  # fmt: skip
     env = python_env(tmp_path / "hf-home", endpoint=hub_server.url)
     check_completed(torchrun("run_pretrain", args, log_dir, cwd=tmp_path, env=env))

@@ -9,8 +9,9 @@ import json
 import datasets
 import pytest
 import torch
+from conftest import QUIET
 from helpers import python_env, run_python
-from helpers.pretrain_corpus import QUICK, TINY, eval_history, write_corpus
+from helpers.pretrain_corpus import TINY, eval_history
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from posformers.deberta import DebertaConfig, DebertaForMaskedLM, modeling_deberta
@@ -22,11 +23,6 @@ from posformers.finetune.pretrain_data import (
     pack_corpus,
     train_tokenizer,
 )
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +50,7 @@ def train_args(output_dir, steps=30, batch=16, lr="5e-3"):
     return [
         "--do_train", "--do_eval", "--max_steps", str(steps), "--per_device_train_batch_size", str(batch),
         "--per_device_eval_batch_size", "32", "--learning_rate", lr, "--warmup_steps", "3", "--eval_on_start",
-        "--logging_steps", "10", "--output_dir", str(output_dir), "--seed", "7", *QUICK,
+        "--logging_steps", "10", "--output_dir", str(output_dir), "--seed", "7", *QUIET,
     ]  # fmt: skip
 
 
@@ -287,7 +283,7 @@ def test_bad_input_is_refused_with_a_clear_message(corpus, wordpiece, tmp_path, 
     assert "--objective rtd trains posformers-deberta" in message and "posformers-roformer" in message
 
     message = run_refused([*tiny, "--streaming", "--train_file", str(corpus["train"]), "--do_train",
-                           "--output_dir", str(tmp_path / "e"), *QUICK])  # fmt: skip
+                           "--output_dir", str(tmp_path / "e"), *QUIET])  # fmt: skip
     assert "--streaming needs --max_steps" in message
 
     message = run_refused([*tiny, *data_args(corpus, max_seq_length=128), *train_args(tmp_path / "f", steps=1)])

@@ -1,14 +1,12 @@
 """LittleBird distillation with Padding Insertion (finetune/pretrain_distill.py) on real SST-2 and SQuAD text."""
 
-import csv
-import json
 import math
 
 import datasets
 import pytest
 import torch
 from conftest import TOKENIZER_DIR
-from helpers.data import DATA_DIR
+from helpers.pretrain_corpus import squad_contexts, sst2_sentences
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForMaskedLM,
@@ -33,29 +31,9 @@ from posformers.finetune.pretrain_distill import (
 IGNORE = -100
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Models this small run fastest on one thread; several threads on a shared CPU are 10-50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return AutoTokenizer.from_pretrained(TOKENIZER_DIR)
-
-
-def sst2_sentences(count: int) -> list[str]:
-    with open(DATA_DIR / "glue" / "sst2" / "dev.tsv", encoding="utf-8") as file:
-        return [row["sentence"] for row, _ in zip(csv.DictReader(file, delimiter="\t"), range(count))]
-
-
-def squad_contexts(count: int) -> list[str]:
-    data = json.loads((DATA_DIR / "qa" / "squad_v1.1" / "dev-v1.1.json").read_text(encoding="utf-8"))
-    contexts = [paragraph["context"] for article in data["data"] for paragraph in article["paragraphs"]]
-    return contexts[:count]
 
 
 def tiny_student(vocab_size: int, **overrides) -> LittleBirdForMaskedLM:
@@ -93,7 +71,7 @@ def tiny_teacher(vocab_size: int, hidden_size: int = 32) -> BertForMaskedLM:
 
 
 def sentence_features(tokenizer, count: int) -> list[dict]:
-    return [{"input_ids": ids} for ids in tokenizer(sst2_sentences(count))["input_ids"]]
+    return [{"input_ids": ids} for ids in tokenizer(sst2_sentences("dev")[:count])["input_ids"]]
 
 
 def test_inserted_pads_are_masked_excluded_from_the_loss_and_keep_the_real_tokens_in_order(tokenizer):
@@ -324,7 +302,7 @@ def distill_trainer(tokenizer, teacher, student, train, held_out, output_dir, di
 def squad_corpus():
     """A WordPiece vocabulary of 600 trained on 120 SQuAD contexts (posformers-pretrain's --train_tokenizer), and
     the contexts packed into 48-token sequences: 32 held out, the rest for training."""
-    contexts = squad_contexts(120)
+    contexts = squad_contexts()[:120]
     tokenizer = train_tokenizer(datasets.Dataset.from_dict({"text": contexts}), "wordpiece", vocab_size=600)
     features = packed_squad(tokenizer, contexts)
     # held-out examples carry a mask seed: the same masks and insertions at every evaluation

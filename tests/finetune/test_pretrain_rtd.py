@@ -8,8 +8,9 @@ import shutil
 import datasets
 import pytest
 import torch
+from conftest import QUIET
 from helpers.modeling import tiny_config
-from helpers.pretrain_corpus import QUICK, SST2_TRAIN, TINY, eval_history, write_corpus
+from helpers.pretrain_corpus import SST2_TRAIN, TINY, eval_history
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
 
@@ -27,11 +28,6 @@ from posformers.finetune.pretrain_rtd import (
     load_rtd,
     save_rtd,
 )
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +145,7 @@ def rtd_argv(corpus, output, steps=30, save_steps=None):
         "--train_file", str(corpus["train"]), "--validation_file", str(corpus["validation"]),
         "--max_seq_length", "32", "--max_eval_samples", "60", "--do_train", "--do_eval", "--max_steps", str(steps),
         "--per_device_train_batch_size", "16", "--learning_rate", "5e-3", "--warmup_steps", "3", "--seed", "11",
-        "--output_dir", str(output), *QUICK, *saving,
+        "--output_dir", str(output), *QUIET, *saving,
     ]  # fmt: skip
 
 
@@ -167,7 +163,7 @@ def test_rtd_trains_and_the_discriminator_fine_tunes(corpus, tmp_path):
     glue_metrics = run_glue.main(
         ["--model_name_or_path", str(output), "--task_name", "sst2", "--data_dir", str(SST2_TRAIN.parent),
          "--do_train", "--do_eval", "--max_train_samples", "32", "--max_eval_samples", "32", "--max_steps", "2",
-         "--max_seq_length", "32", "--output_dir", str(glue), *QUICK]
+         "--max_seq_length", "32", "--output_dir", str(glue), *QUIET]
     )  # fmt: skip
     assert 0 <= glue_metrics["eval_accuracy"] <= 1
     classifier = AutoModelForSequenceClassification.from_pretrained(output, num_labels=2)

@@ -22,8 +22,9 @@ def squad_contexts() -> list[str]:
     return list(seen)
 
 
-def sst2_sentences() -> list[str]:
-    with SST2_TRAIN.open(encoding="utf-8") as file:
+def sst2_sentences(split: str = "train") -> list[str]:
+    """The sentences of SST-2's `split` (train or dev), in file order."""
+    with (SST2_TRAIN.parent / f"{split}.tsv").open(encoding="utf-8") as file:
         rows = csv.DictReader(file, delimiter="\t", quoting=csv.QUOTE_NONE)
         return [row["sentence"].strip() for row in rows if row["sentence"].strip()]
 
@@ -52,8 +53,6 @@ TINY = {
     "littlebird": "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,block_size=8,"
     "pack_length=8",
 }
-# Quiet, quick Trainer settings of the pre-training runs.
-QUICK = ["--report_to", "none", "--disable_tqdm", "True", "--log_level", "error", "--save_strategy", "no"]
 
 
 def eval_history(output_dir: Path, key: str) -> list[float]:
