@@ -52,6 +52,13 @@ def make_batch(batch=3, seq_len=17, vocab=99, pad_from=(None, 11, 5), seed=0, ch
     return input_ids, attention_mask, token_type_ids
 
 
+def reload_as(model, model_class, folder, **kwargs):
+    """`model` saved to `folder` and loaded back as `model_class` (e.g. a transformers reference as ours), in eval
+    mode; `kwargs` go to `from_pretrained`."""
+    model.save_pretrained(folder)
+    return model_class.from_pretrained(folder, **kwargs).eval()
+
+
 def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """Largest absolute difference of two tensors; with a (B, L) `mask` of a (B, L, ...) pair, on real tokens only
     (padded positions hold whatever each implementation leaves there)."""

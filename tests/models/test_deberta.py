@@ -14,6 +14,7 @@ from helpers.modeling import (
     check_preset_overrides,
     make_batch,
     max_diff,
+    reload_as,
     tiny_config,
     tiny_fields,
 )
@@ -114,11 +115,6 @@ def reference_model(variant: str, head: str, seq_len: int, **overrides):
     return getattr(transformers, prefix + head)(config).eval()
 
 
-def load_ours(reference, our_class, tmp_path, **kwargs):
-    reference.save_pretrained(tmp_path)
-    return our_class.from_pretrained(tmp_path, **kwargs).eval()
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Parity with transformers' DebertaModel / DebertaV2Model and their heads
 # ---------------------------------------------------------------------------------------------------------------------
@@ -163,7 +159,7 @@ def head_labels(head: str, input_ids, attention_mask) -> dict:
 def test_parity_with_transformers(head_case, variant, seq_len, tmp_path):
     head, our_class, fields, head_kwargs = head_case
     reference = reference_model(variant, head, seq_len, **head_kwargs)
-    ours = load_ours(reference, our_class, tmp_path, **({"emd_steps": 0} if head == "ForMaskedLM" else {}))
+    ours = reload_as(reference, our_class, tmp_path, **({"emd_steps": 0} if head == "ForMaskedLM" else {}))
     assert ours.config.projection_layout == ("fused" if variant.startswith("v1") else "separate")
     input_ids, attention_mask, token_type_ids = make_batch(seq_len=seq_len, pad_from=(None, seq_len - 6, 5))
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask)
@@ -200,7 +196,7 @@ def test_transformers_legacy_mlm_head_loads_with_the_key_mapping(variant, tmp_pa
 @pytest.mark.parametrize("variant", ["v1", "v3"])
 def test_parity_question_answering_loss(variant, tmp_path):
     reference = reference_model(variant, "ForQuestionAnswering", 17)
-    ours = load_ours(reference, DebertaForQuestionAnswering, tmp_path)
+    ours = reload_as(reference, DebertaForQuestionAnswering, tmp_path)
     input_ids, _, _ = make_batch(pad_from=(None, None, None))
     positions = dict(start_positions=torch.tensor([1, 3, 21]), end_positions=torch.tensor([2, 4, 0]))  # 21: ignored
     with torch.no_grad():
@@ -212,7 +208,7 @@ def test_parity_question_answering_loss(variant, tmp_path):
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if VARIANTS[v][0] == "DebertaV2"])
 def test_parity_multiple_choice(variant, seq_len, tmp_path):
     reference = reference_model(variant, "ForMultipleChoice", seq_len)
-    ours = load_ours(reference, DebertaForMultipleChoice, tmp_path)
+    ours = reload_as(reference, DebertaForMultipleChoice, tmp_path)
     input_ids, attention_mask, _ = make_batch(batch=2, seq_len=seq_len, choices=3, pad_from=(None, 9))
     labels = torch.tensor([0, 2])
     with torch.no_grad():
@@ -229,7 +225,7 @@ def test_parity_multiple_choice(variant, seq_len, tmp_path):
 )
 def test_parity_sequence_classification_losses(labels, tmp_path):
     reference = reference_model("v3", "ForSequenceClassification", 17, num_labels=3)
-    ours = load_ours(reference, DebertaForSequenceClassification, tmp_path)
+    ours = reload_as(reference, DebertaForSequenceClassification, tmp_path)
     input_ids, attention_mask, _ = make_batch()
     with torch.no_grad():
         expected = reference(input_ids, attention_mask=attention_mask, labels=labels).loss
@@ -240,7 +236,7 @@ def test_parity_sequence_classification_losses(labels, tmp_path):
 @pytest.mark.parametrize("variant", ["v1", "v3"])
 def test_parity_attentions_and_hidden_states(variant, tmp_path):
     reference = reference_model(variant, "ForMaskedLM", 17, legacy=False)
-    ours = load_ours(reference, DebertaForMaskedLM, tmp_path, emd_steps=0)
+    ours = reload_as(reference, DebertaForMaskedLM, tmp_path, emd_steps=0)
     input_ids, _, _ = make_batch(pad_from=(None, None, None))
     labels = input_ids.masked_fill(torch.rand(input_ids.shape) < 0.5, -100)
     kwargs = dict(labels=labels, output_attentions=True, output_hidden_states=True)

@@ -13,6 +13,7 @@ from helpers.modeling import (
     check_preset_overrides,
     make_batch,
     max_diff,
+    reload_as,
     tiny_config,
     tiny_fields,
 )
@@ -34,11 +35,6 @@ from posformers.roformer.modeling_roformer import rope_inverse_frequencies
 
 TINY = tiny_fields(RoFormerConfig.model_type)
 TOL = 1e-5
-
-
-def load_ours_from_reference(reference, our_class, tmp_path, **kwargs):
-    reference.save_pretrained(tmp_path)
-    return our_class.from_pretrained(tmp_path, **kwargs).eval()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -75,7 +71,7 @@ def test_parity_with_transformers(name, our_class, field, head_kwargs, variant, 
     torch.manual_seed(0)
     reference_config = transformers.RoFormerConfig(**TINY, **variant, **head_kwargs)
     reference = getattr(transformers, name)(reference_config).eval()
-    ours = load_ours_from_reference(reference, our_class, tmp_path)
+    ours = reload_as(reference, our_class, tmp_path)
     input_ids, attention_mask, token_type_ids = make_batch()
     labels = head_labels(name, input_ids, attention_mask)
     with torch.no_grad():
@@ -97,7 +93,7 @@ def test_parity_with_transformers(name, our_class, field, head_kwargs, variant, 
 def test_parity_multiple_choice(tmp_path):
     torch.manual_seed(0)
     reference = transformers.RoFormerForMultipleChoice(transformers.RoFormerConfig(**TINY)).eval()
-    ours = load_ours_from_reference(reference, RoFormerForMultipleChoice, tmp_path)
+    ours = reload_as(reference, RoFormerForMultipleChoice, tmp_path)
     input_ids = torch.randint(1, 99, (2, 3, 12))
     labels = torch.tensor([0, 2])
     with torch.no_grad():
@@ -109,7 +105,7 @@ def test_parity_multiple_choice(tmp_path):
 def test_parity_losses_and_attentions(tmp_path):
     torch.manual_seed(0)
     reference = transformers.RoFormerForMaskedLM(transformers.RoFormerConfig(**TINY)).eval()
-    ours = load_ours_from_reference(reference, RoFormerForMaskedLM, tmp_path)
+    ours = reload_as(reference, RoFormerForMaskedLM, tmp_path)
     input_ids, _, _ = make_batch(pad_from=(None, None, None))
     labels = input_ids.clone()
     labels[:, ::2] = -100
