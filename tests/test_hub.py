@@ -18,7 +18,7 @@ import torch
 import transformers
 from helpers import python_env, run_python
 from helpers.modeling import assert_same_outputs, tensor_outputs, tiny_config
-from helpers.remote import assert_loaded_remotely, assert_no_posformers, load_remote
+from helpers.remote import assert_loaded_remotely, assert_no_posformers, auto_heads, load_remote, saved_heads
 from huggingface_hub import ModelCard
 from safetensors import safe_open
 
@@ -26,7 +26,7 @@ import posformers
 from posformers import hub
 from posformers.roformer import AUTO_MAP
 
-HEADS = {auto: target.rsplit(".", 1)[1] for auto, target in AUTO_MAP.items() if auto != "AutoConfig"}
+HEADS = auto_heads(AUTO_MAP)
 EXPECTED_PIPELINE_TAGS = {
     "AutoModel": "feature-extraction",
     "AutoModelForMaskedLM": "fill-mask",
@@ -146,12 +146,9 @@ def test_auto_model_loads_posformers_base_model_from_head_checkpoint(tmp_dir):
 @pytest.fixture(scope="module")
 def remote_code_load(scratch):
     """Each head saved to a folder, then loaded with trust_remote_code=True by a child that cannot import posformers."""
-    expected, jobs = {}, {}
-    for auto_name, class_name in sorted(HEADS.items()):
-        model = tiny_model(auto_name)
-        model.save_pretrained(scratch / class_name)
-        jobs[auto_name] = (auto_name, scratch / class_name, tiny_inputs(auto_name))
-        expected[auto_name] = tensor_outputs(model, tiny_inputs(auto_name))
+    heads = saved_heads(AUTO_MAP, tiny_model, tiny_inputs, scratch)
+    jobs = {name: (auto_name, folder, inputs) for name, (auto_name, folder, _, inputs) in heads.items()}
+    expected = {name: tensor_outputs(model, inputs) for name, (_, _, model, inputs) in heads.items()}
     return load_remote(jobs, env=python_env(scratch / "hf-home"), cwd=scratch), expected
 
 

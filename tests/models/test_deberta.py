@@ -18,7 +18,7 @@ from helpers.modeling import (
     tiny_config,
     tiny_fields,
 )
-from helpers.remote import check_remote_load, push_saved
+from helpers.remote import auto_heads, check_remote_load, push_saved, saved_heads
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining
 
@@ -950,15 +950,13 @@ def remote_inputs(auto_name: str) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_remote_code_loads_every_head_in_a_fresh_process_without_posformers(tmp_path):
-    heads = {}
-    for auto_name, target in AUTO_MAP.items():
-        if auto_name == "AutoConfig":
-            continue
-        class_name = target.rsplit(".", 1)[1]
+    def build(auto_name):
         torch.manual_seed(0)
-        model = getattr(posformers, class_name)(tiny_config(DebertaConfig, conv_kernel_size=3)).eval()
-        model.save_pretrained(tmp_path / class_name)
-        heads[class_name] = (auto_name, tmp_path / class_name, model, remote_inputs(auto_name))
+        return getattr(posformers, auto_heads(AUTO_MAP)[auto_name])(
+            tiny_config(DebertaConfig, conv_kernel_size=3)
+        ).eval()
+
+    heads = saved_heads(AUTO_MAP, build, remote_inputs, tmp_path)
     check_remote_load(heads, env=python_env(tmp_path / "hf-home"), cwd=tmp_path)
 
 

@@ -14,7 +14,7 @@ import transformers
 from helpers import python_env
 from helpers.data import DATA_DIR
 from helpers.modeling import check_activation_checkpointing, check_preset_overrides, max_diff, tiny_config
-from helpers.remote import check_remote_load, push_saved
+from helpers.remote import auto_heads, check_remote_load, push_saved, saved_heads
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel
 
@@ -39,7 +39,7 @@ from posformers.littlebird import (
 )
 
 TOL = 1e-5
-HEADS = {auto: target.rsplit(".", 1)[1] for auto, target in AUTO_MAP.items() if auto != "AutoConfig"}
+HEADS = auto_heads(AUTO_MAP)
 
 
 def tiny_model(model_class=LittleBirdModel, seed=0, **overrides):
@@ -713,11 +713,9 @@ def head_inputs(auto_name: str) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_remote_code_loads_every_head_in_a_process_without_posformers(tmp_path):
-    heads = {}
-    for auto_name, class_name in sorted(HEADS.items()):
-        model = tiny_model(getattr(posformers, class_name))
-        model.save_pretrained(tmp_path / class_name)
-        heads[class_name] = (auto_name, tmp_path / class_name, model, head_inputs(auto_name))
+    heads = saved_heads(
+        AUTO_MAP, lambda auto_name: tiny_model(getattr(posformers, HEADS[auto_name])), head_inputs, tmp_path
+    )
     check_remote_load(heads, env=python_env(tmp_path / "hf-home"), cwd=tmp_path)
 
 
