@@ -1,6 +1,7 @@
 """Shared test helpers: a fresh Python process, with or without posformers, and a local Hub (`hub_server`).
 
-Tiny configs, padded batches and output comparisons for model tests are in `helpers.modeling`.
+Tiny configs, padded batches and output comparisons for model tests are in `helpers.modeling`; loading saved models
+with trust_remote_code in a process without posformers, and checking what ran there, in `helpers.remote`.
 """
 
 from __future__ import annotations
