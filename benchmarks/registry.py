@@ -2,8 +2,8 @@
 
 Each entry is "module:function"; the function takes `max_seq_len` (the longest length the run will use, so position
 tables can be sized to it) and returns a `harness.Suite`. The module may set `DEFAULT_SEQ_LENS` (else
-`harness.DEFAULT_SEQ_LENS`). A DeBERTa or LittleBird suite plugs in by adding a module beside `roformer.py` and a
-line here; modules are imported only when their suite is run.
+`harness.DEFAULT_SEQ_LENS`); `SUITE_SEQ_LENS` overrides it for one suite. A new suite plugs in by adding a module
+beside `roformer.py` and a line here; modules are imported only when their suite is run.
 """
 
 from importlib import import_module
@@ -16,6 +16,8 @@ SUITES = {
     "littlebird": "benchmarks.littlebird:build_suite",
     "littlebird-scaling": "benchmarks.littlebird:build_scaling_suite",
 }
+# Suites that share a module but not its DEFAULT_SEQ_LENS.
+SUITE_SEQ_LENS = {"littlebird-scaling": (1024, 2048, 4096, 8192, 16384)}
 
 
 def _resolve(name: str):
@@ -27,6 +29,8 @@ def _resolve(name: str):
 
 
 def default_seq_lens(name: str) -> tuple[int, ...]:
+    if name in SUITE_SEQ_LENS:
+        return SUITE_SEQ_LENS[name]
     return tuple(getattr(_resolve(name)[0], "DEFAULT_SEQ_LENS", DEFAULT_SEQ_LENS))
 
 
