@@ -660,7 +660,9 @@ class RoFormerModel(RoFormerPreTrainedModel):
         config.validate_fields()  # fields may have been changed since the config was created
         self.embeddings = RoFormerEmbeddings(config)
         if config.embedding_size != config.hidden_size:
-            self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size, bias=config.use_bias)
+            # Always with a bias, whatever use_bias says: junnyu's RoFormer (v2 included) builds it so, and so does
+            # bert4keras' Embedding-Mapping layer.
+            self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size)
         self.rotary_emb = RoFormerRotaryEmbedding(config)
         self.encoder = RoFormerEncoder(config)
         self.pooler = RoFormerPooler(config) if config.add_pooling_layer else None

@@ -460,10 +460,11 @@ def v2_state_dict(vocab: int, seed: int = 15) -> dict[str, torch.Tensor]:
     return state
 
 
-def roformer_v2_logits(state, input_ids, token_type_ids, attention_mask) -> torch.Tensor:
-    """RoFormer-v2's MLM logits written out from its equations: post-norm blocks with the parameter-free RMS norm
-    x / sqrt(mean(x^2) + eps), rotary attention on (2i, 2i+1) pairs with angles m * 10000^(-2i/d), ReLU FFN, and the
-    word embeddings as output layer."""
+def roformer_v2_hidden(state, input_ids, token_type_ids, attention_mask) -> torch.Tensor:
+    """RoFormer-v2's last hidden state written out from its equations: post-norm blocks with the parameter-free RMS
+    norm x / sqrt(mean(x^2) + eps), rotary attention on (2i, 2i+1) pairs with angles m * 10000^(-2i/d), ReLU FFN.
+    With `roformer.embeddings_project.*` in `state` (embedding_size != hidden_size), junnyu's projection
+    `x W^T + b` follows the embedding norm; it has a bias whatever use_bias says."""
     heads, eps = V2_CONFIG["num_attention_heads"], V2_CONFIG["layer_norm_eps"]
 
     def norm(x):
@@ -471,6 +472,8 @@ def roformer_v2_logits(state, input_ids, token_type_ids, attention_mask) -> torc
 
     words = state["roformer.embeddings.word_embeddings.weight"]
     x = norm(words[input_ids] + state["roformer.embeddings.token_type_embeddings.weight"][token_type_ids])
+    if "roformer.embeddings_project.weight" in state:
+        x = x @ state["roformer.embeddings_project.weight"].T + state["roformer.embeddings_project.bias"]
     batch, length, hidden = x.shape
     d = hidden // heads
     angles = torch.arange(length, dtype=torch.float64)[:, None] * 10000 ** (-torch.arange(0, d, 2) / d)[None]
@@ -494,13 +497,20 @@ def roformer_v2_logits(state, input_ids, token_type_ids, attention_mask) -> torc
         attended = (probabilities @ v).transpose(1, 2).reshape(batch, length, hidden)
         x = norm(x + attended @ w["attention.output.dense"].T)
         x = norm(x + torch.relu(x @ w["intermediate.dense"].T) @ w["output.dense"].T)
-    return x @ words.T
+    return x
 
 
-def write_v2_release(source, state: dict[str, torch.Tensor]) -> None:
+def roformer_v2_logits(state, input_ids, token_type_ids, attention_mask) -> torch.Tensor:
+    """RoFormer-v2's MLM logits: the last hidden state times the word embeddings (its output layer)."""
+    hidden = roformer_v2_hidden(state, input_ids, token_type_ids, attention_mask)
+    return hidden @ state["roformer.embeddings.word_embeddings.weight"].T
+
+
+def write_v2_release(source, state: dict[str, torch.Tensor], **config_fields) -> None:
     """As junnyu/roformer_v2_chinese_char_base is published: config.json, pytorch_model.bin, vocab.txt."""
     source.mkdir(parents=True)
-    (source / "config.json").write_text(json.dumps({**V2_CONFIG, "vocab_size": vocab_size(CHAR_VOCAB)}, indent=2))
+    fields = {**V2_CONFIG, "vocab_size": vocab_size(CHAR_VOCAB), **config_fields}
+    (source / "config.json").write_text(json.dumps(fields, indent=2))
     torch.save(state, source / "pytorch_model.bin")
     shutil.copy(CHAR_VOCAB, source / "vocab.txt")
 
@@ -527,6 +537,48 @@ def test_v2_checkpoint_matches_the_roformer_v2_equations(v2_converted):
     with torch.no_grad():
         assert_close(model(**inputs).logits, expected, inputs["attention_mask"], tolerance=1e-4)
     assert transformers.AutoTokenizer.from_pretrained(output).tokenize(TEXT) == list(TEXT)
+
+
+def factorised_v2_state_dict(vocab: int, embedding_size: int = 16, labels: int = 3) -> dict[str, torch.Tensor]:
+    """A RoFormer-v2 RoFormerForTokenClassification with embedding_size != hidden_size, as junnyu's code saves it:
+    narrow embedding tables, `roformer.embeddings_project` with its bias (his Linear always has one), no other bias
+    but the classifier's. (His v2 MLM head cannot run factorised: its decoder reads embedding_size features.)"""
+    generator = torch.Generator().manual_seed(17)
+    hidden = V2_CONFIG["hidden_size"]
+
+    def random(*shape):
+        return torch.randn(shape, generator=generator) * 0.3
+
+    state = v2_state_dict(vocab)
+    del state["cls.predictions.decoder.weight"]
+    state["roformer.embeddings.word_embeddings.weight"] = random(vocab, embedding_size)
+    state["roformer.embeddings.token_type_embeddings.weight"] = random(2, embedding_size)
+    state["roformer.embeddings_project.weight"] = random(hidden, embedding_size)
+    state["roformer.embeddings_project.bias"] = random(hidden)
+    state["classifier.weight"], state["classifier.bias"] = random(labels, hidden), random(labels)
+    return state
+
+
+def test_v2_factorised_embeddings_keep_the_projection_bias(workdir, convert_here):
+    state = factorised_v2_state_dict(vocab_size(CHAR_VOCAB))
+    source = workdir / "roformer_v2_factorised"
+    labels = {"id2label": {"0": "B", "1": "I", "2": "O"}, "label2id": {"B": 0, "I": 1, "O": 2}}
+    write_v2_release(source, state, embedding_size=16, architectures=["RoFormerForTokenClassification"], **labels)
+    result = convert_here("roformer", "--from", "v2", "--source", source, "--output", workdir / "out").check()
+    assert_verified(result, {"last hidden state", "logits"})
+    converted = transformers.AutoModelForTokenClassification.from_pretrained(workdir / "out")
+    # the source folder loads directly too, every tensor in the file finding its place
+    direct, info = posformers.RoFormerForTokenClassification.from_pretrained(source, output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"], info
+    inputs = sample_inputs(converted.config)
+    hidden = roformer_v2_hidden(state, **inputs)
+    expected = hidden @ state["classifier.weight"].T + state["classifier.bias"]
+    for model in (converted, direct):
+        assert model.config.use_bias is False and model.config.embedding_size == 16
+        with torch.no_grad():
+            output = model.eval()(**inputs, output_hidden_states=True)
+        assert_close(output.hidden_states[-1], hidden, inputs["attention_mask"])
+        assert_close(output.logits, expected, inputs["attention_mask"])
 
 
 @pytest.mark.parametrize(
