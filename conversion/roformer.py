@@ -6,7 +6,8 @@ Sources:
         names (`bert/encoder/layer_N/attention/self/query/kernel`, ...). Kernels are stored (in, out) and transposed.
         Needs tensorflow (`pip install "posformers[tf]"`).
     hf  HF-format directories saved by transformers' RoFormer or published as junnyu/roformer_chinese_base etc.:
-        config.json (model_type "roformer") + pytorch_model.bin or model.safetensors.
+        config.json (model_type "roformer") + pytorch_model.bin or model.safetensors. Any head, or the bare
+        RoFormerModel, whose file names its tensors without the `roformer.` prefix.
     v2  junnyu's RoFormer-v2 (junnyu/roformer_v2_chinese_char_small/base/large): the same layout with
         `"norm_type": "rms_norm"` and `"use_bias": false` in config.json; no biases, no norm parameters.
 
@@ -101,6 +102,7 @@ TF_DROPPED = {
 }
 POOLER_OFF_REASON = "BERT-style pooler, dropped because --config sets add_pooling_layer to false"
 TF_POOLER = {"kernel": "bert/pooler/dense/kernel", "bias": "bert/pooler/dense/bias"}
+BASE_PREFIX = "roformer."  # RoFormerPreTrainedModel.base_model_prefix, as the heads' parameter names carry it
 HF_POOLER = {"weight": "roformer.pooler.dense.weight", "bias": "roformer.pooler.dense.bias"}
 
 
@@ -261,6 +263,15 @@ def hf_key_map(config) -> KeyMap:
     if not config.add_pooling_layer:
         dropped[r"roformer\.pooler\.dense\.(weight|bias)"] = POOLER_OFF_REASON
     return KeyMap(rules, dropped)
+
+
+def with_base_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` named as a head's file names them. A bare `RoFormerModel.save_pretrained` (junnyu's or transformers')
+    writes `embeddings.*`, `encoder.*` without the `roformer.` prefix of the heads; one key map reads both."""
+    if any(key.startswith(BASE_PREFIX) for key in tensors):
+        return tensors
+    log("note: tensor names without the 'roformer.' prefix (a bare RoFormerModel's file), read as roformer.<name>")
+    return {BASE_PREFIX + key: value for key, value in tensors.items()}
 
 
 def sinusoid_table(positions: int, dim: int, theta: float) -> torch.Tensor:
@@ -488,6 +499,8 @@ class RoFormerSource(Source):
         if self.has_pooler:
             self.notes.append(pooler_note(self.config, self.pooler_origin))
             log(self.notes[-1])
+        if self.model_class.__name__ == "RoFormerModel":  # the key maps name the heads' layout, `roformer.*`
+            target = {key.removeprefix(BASE_PREFIX): value for key, value in target.items()}
         return target
 
     @abstractmethod
@@ -570,7 +583,7 @@ class HFSource(RoFormerSource):
         fields = {key: value for key, value in raw.items() if key not in UNUSED_HF_FIELDS}
         if self.architecture == "RoFormerForCausalLM":
             fields["is_decoder"] = True
-        tensors = load_tensors(self.path)
+        tensors = with_base_prefix(load_tensors(self.path))
         self.has_pooler = HF_POOLER["weight"] in tensors
         fields.update(self.pooler_fields(raw, overrides))
         self.config = make_config({**fields, **overrides}, str(config_file))

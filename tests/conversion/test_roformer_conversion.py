@@ -236,6 +236,34 @@ def test_tf_accounting_names_extra_and_missing_variables(tf_release, workdir, ca
     assert "missing" in error and "roformer.encoder.layer.1.output.dense.bias" in error
 
 
+def test_bare_model_folder_and_tf_checkpoint_convert_to_the_same_model(tf_release, workdir, convert_here):
+    """A bare RoFormerModel saved by transformers 5 (names without `roformer.`) converts with --from hf, and a TF
+    checkpoint without the MLM head (hence a bare model) converts to the same tensor names and outputs."""
+    bare = randomize(transformers.RoFormerModel(tf_release[1].config), seed=18)
+    hf_source, tf_source = workdir / "roformer-bare", workdir / "roformer-bare-tf"
+    bare.save_pretrained(hf_source)
+    mlm = transformers.RoFormerForMaskedLM(bare.config)
+    mlm.roformer.load_state_dict(bare.state_dict())
+    write_tf_checkpoint(tf_source, {k: v for k, v in tf_variables(mlm).items() if not k.startswith("cls/")})
+    shutil.copy(tf_release[0] / "bert_config.json", tf_source)
+    reference = transformers.RoFormerModel.from_pretrained(hf_source).eval()
+    inputs = sample_inputs(reference.config)
+    with torch.no_grad():
+        expected = reference(**inputs).last_hidden_state
+    names = []
+    for source in (hf_source, tf_source):
+        output = workdir / f"{source.name}-converted"
+        fmt = "hf" if source == hf_source else "tf"
+        args = ["roformer", "--from", fmt, "--source", source, "--output", output, "--no-tokenizer"]
+        assert_verified(convert_here(*args).check(), {"last hidden state"})
+        model = transformers.AutoModel.from_pretrained(output).eval()
+        assert type(model) is posformers.RoFormerModel
+        with torch.no_grad():
+            assert_close(model(**inputs).last_hidden_state, expected, inputs["attention_mask"])
+        names.append(sorted(model.state_dict()))
+    assert names[0] == names[1] and "embeddings.word_embeddings.weight" in names[0]
+
+
 def miswired_pooler(key_map_factory, pooler_key: str, wrong):
     """`key_map_factory` with the rule for `pooler_key` replaced by `wrong(match, tensor) -> {name: tensor}`."""
 
