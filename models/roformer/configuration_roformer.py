@@ -144,6 +144,13 @@ class RoFormerConfig(PreTrainedConfig):
         pooler_activation (`str`, defaults to `"tanh"`): the pooler's activation, any name of
             `transformers.activations.ACT2FN`; `"linear"` is none (RoFormer-sim, bert4keras `with_pool='linear'`).
             The field and default are those of junnyu's RoFormer config.
+        bidirectional_prompt (`bool`, defaults to `False`): how a decoder (`is_decoder=True`) reads its input.
+            `False`: strictly causal everywhere, as transformers' RoFormerForCausalLM and any model trained as a
+            left-to-right LM. `True`: junnyu's RoFormerForCausalLM, which RoFormer-sim was published for: a forward
+            pass without cached tokens (the prompt, or a whole sequence) is bidirectional, tokens that follow cached
+            ones attend causally, and `generate` gives the tokens it generates token type 1 (UniLM-style
+            seq2seq generation). Set by `posformers-convert roformer` for RoFormer-sim checkpoints; no effect on an
+            encoder.
     """
 
     model_type = "posformers-roformer"
@@ -180,6 +187,7 @@ class RoFormerConfig(PreTrainedConfig):
     summary_type: str = "last"
     add_pooling_layer: bool = False
     pooler_activation: str = "tanh"
+    bidirectional_prompt: bool = False
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # a transformers "roformer" config.json becomes ours, see get_config_dict
@@ -240,8 +248,9 @@ class RoFormerConfig(PreTrainedConfig):
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"RoFormerConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if not isinstance(self.add_pooling_layer, bool):
-            raise ValueError(f"RoFormerConfig.add_pooling_layer must be True or False, got {self.add_pooling_layer!r}")
+        for name in ("add_pooling_layer", "bidirectional_prompt"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RoFormerConfig.{name} must be True or False, got {getattr(self, name)!r}")
         self._validate_pooler_activation()
         if self.add_cross_attention:
             raise ValueError(

@@ -258,12 +258,14 @@ def eager_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    is_causal: bool | None = None,
     **kwargs,
 ):
     """Plain softmax attention. query: (B, H, Lq, D), key/value: (B, H, Lk, D) -> ((B, Lq, H, D), (B, H, Lq, Lk)).
 
-    Accepts the masks built for "eager" (additive float) and for "sdpa" (boolean, or None for a causal module), so
-    `output_attentions=True` can fall back to it whatever the configured backend is.
+    Accepts the masks built for "eager" (additive float) and for "sdpa" (boolean, or None for causal attention:
+    `is_causal`, else the module's), so `output_attentions=True` can fall back to it whatever the configured backend
+    is.
     """
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     min_value = torch.finfo(scores.dtype).min
@@ -271,7 +273,7 @@ def eager_attention_forward(
         scores = scores.masked_fill(~attention_mask, min_value)
     elif attention_mask is not None:
         scores = scores + attention_mask
-    elif getattr(module, "is_causal", False) and query.shape[2] > 1:
+    elif (is_causal if is_causal is not None else getattr(module, "is_causal", False)) and query.shape[2] > 1:
         q_len, k_len = query.shape[2], key.shape[2]
         future = torch.ones(q_len, k_len, dtype=torch.bool, device=scores.device).triu(k_len - q_len + 1)
         scores = scores.masked_fill(future, min_value)
@@ -329,7 +331,8 @@ class RoFormerSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
         self.key = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
         self.value = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
-        # The sdpa integration reads `is_causal` from the module and treats a missing attribute as causal.
+        # The sdpa integration reads `is_causal` from the module and treats a missing attribute as causal; a forward
+        # pass may override it (`bidirectional_prompt`).
         self.is_causal = config.is_decoder
         self.rotary_value = config.rotary_value
         self.linear_kernel = config.attention_kernel == "linear"
@@ -343,9 +346,11 @@ class RoFormerSelfAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
+        is_causal: bool | None = None,
         **kwargs,
     ):
         batch_size, seq_len, _ = hidden_states.shape
+        is_causal = self.is_causal if is_causal is None else is_causal
         head_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
         # Rotation runs in the projections' (B, L, H, D) layout; the attention kernels get (B, H, L, D) views of it,
         # the strides sdpa's CPU kernel is fastest with.
@@ -356,7 +361,7 @@ class RoFormerSelfAttention(nn.Module):
 
         if self.linear_kernel:
             return self._linear_forward(
-                query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions
+                query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions, is_causal
             )
 
         query = apply_rotary(query, cos, sin, self.config.rope_layout).transpose(1, 2)  # (B, H, L, D)
@@ -385,12 +390,14 @@ class RoFormerSelfAttention(nn.Module):
             attention_mask,
             scaling=self.scaling,
             dropout=self.attention_dropout if self.training else 0.0,
-            is_causal=self.is_causal,
+            is_causal=is_causal,
             **kwargs,
         )
         return context.reshape(batch_size, seq_len, -1), weights
 
-    def _linear_forward(self, query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions):
+    def _linear_forward(
+        self, query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions, is_causal
+    ):
         batch_size, seq_len, _, head_dim = query.shape
         query_features, key_features = elu_feature_map(query), elu_feature_map(key)
         rotated_query = apply_rotary(query_features, cos, sin, self.config.rope_layout)
@@ -412,7 +419,7 @@ class RoFormerSelfAttention(nn.Module):
             rotated_key,
             value,
             key_padding_mask,
-            causal=self.is_causal and seq_len > 1,
+            causal=is_causal and seq_len > 1,
             need_weights=output_attentions,
         )
         return context.reshape(batch_size, seq_len, -1), weights
@@ -611,13 +618,20 @@ def _check_inputs(
     )
 
 
-def attention_masks(config: RoFormerConfig, hidden_states, attention_mask, past_key_values):
-    """The mask the softmax kernels take (causal for a decoder, built by transformers' masking utilities for the
-    configured attention implementation) and the (B, L) bool key padding mask linear attention takes, or None."""
+def is_causal_pass(config: RoFormerConfig, past_length: int) -> bool:
+    """Whether this forward pass attends causally: always for a decoder, except, with `bidirectional_prompt`
+    (junnyu's RoFormerForCausalLM), a pass with nothing cached yet, which reads its tokens bidirectionally."""
+    return config.is_decoder and not (config.bidirectional_prompt and past_length == 0)
+
+
+def attention_masks(config: RoFormerConfig, hidden_states, attention_mask, past_key_values, causal: bool):
+    """The mask the softmax kernels take (causal or not as `causal` says, built by transformers' masking utilities
+    for the configured attention implementation) and the (B, L) bool key padding mask linear attention takes, or
+    None."""
     key_padding_mask = None
     if attention_mask is not None and attention_mask.dim() == 2:
         key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
-    if config.is_decoder:
+    if causal:
         mask = create_causal_mask(
             config=config, inputs_embeds=hidden_states, attention_mask=attention_mask, past_key_values=past_key_values
         )
@@ -708,12 +722,14 @@ class RoFormerModel(RoFormerPreTrainedModel):
             position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
         position_embeddings = self.rotary_emb(position_ids, past_length + seq_len, hidden_states.dtype)
 
-        mask, key_padding_mask = attention_masks(config, hidden_states, attention_mask, past_key_values)
+        causal = is_causal_pass(config, past_length)
+        mask, key_padding_mask = attention_masks(config, hidden_states, attention_mask, past_key_values, causal)
         encoder_output = self.encoder(
             hidden_states,
             mask,
             position_embeddings,
             key_padding_mask=key_padding_mask,
+            is_causal=causal,
             past_key_values=past_key_values,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
@@ -878,6 +894,15 @@ class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
 
     get_output_embeddings = RoFormerForMaskedLM.get_output_embeddings
     set_output_embeddings = RoFormerForMaskedLM.set_output_embeddings
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
+        model_inputs = super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
+        new_ids = model_inputs.get("input_ids")
+        cached = past_key_values is not None and past_key_values.get_seq_length() > 0
+        if self.config.bidirectional_prompt and cached and new_ids is not None:
+            # junnyu's RoFormer-sim generation: what follows the prompt is segment B, token type 1
+            model_inputs["token_type_ids"] = torch.ones_like(new_ids)
+        return model_inputs
 
     def forward(
         self,

@@ -115,3 +115,25 @@ def check_activation_checkpointing(model, loss, atol: float = 1e-6) -> dict[str,
             expected = plain.get(name, torch.zeros_like(grad))
             torch.testing.assert_close(grad, expected, rtol=1e-5, atol=atol, msg=f"{kwargs} {name}")
     return plain
+
+
+def sim_generation_reference(reference, prompt: torch.Tensor, steps: int):
+    """Greedy generation as junnyu's RoFormerForCausalLM (RoFormer-sim) does it, run on transformers' RoFormer: the
+    prompt, token type 0, is read with `is_decoder` off (bidirectionally) while filling a cache; each generated token,
+    token type 1, then attends causally to the cache. Returns the tokens and the logits each choice was made from."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=reference.config)
+    reference.config.is_decoder = False
+    try:
+        logits = [reference(prompt, past_key_values=cache).logits]
+    finally:
+        reference.config.is_decoder = True
+    assert cache.get_seq_length() == prompt.shape[1]
+    tokens = prompt
+    for _ in range(steps):
+        token = logits[-1][:, -1].argmax(-1, keepdim=True)
+        tokens = torch.cat([tokens, token], dim=1)
+        step = reference(token, token_type_ids=torch.ones_like(token), past_key_values=cache, use_cache=True)
+        logits.append(step.logits)
+    return tokens, logits

@@ -14,6 +14,7 @@ from helpers.modeling import (
     make_batch,
     max_diff,
     reload_as,
+    sim_generation_reference,
     tiny_config,
     tiny_fields,
 )
@@ -572,6 +573,34 @@ def test_generation_with_cache_equals_without(kernel, implementation):
         last = model(cached[:, -1:], past_key_values=step.past_key_values, use_cache=True).logits
     assert torch.equal(cached, uncached)
     assert (full[:, -1] - last[:, -1]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_bidirectional_prompt_generates_as_junnyus_causal_lm(implementation, tmp_path):
+    torch.manual_seed(0)
+    config = transformers.RoFormerConfig(**TINY, is_decoder=True, initializer_range=0.3)
+    reference = transformers.RoFormerForCausalLM(config).eval()
+    ours = reload_as(reference, RoFormerForCausalLM, tmp_path, bidirectional_prompt=True)
+    ours.set_attn_implementation(implementation)
+    prompt = torch.randint(1, 99, (2, 6))
+    steps = 5
+    with torch.no_grad():
+        expected_tokens, expected_logits = sim_generation_reference(reference, prompt, steps)
+        prompt_logits = ours(prompt).logits
+        generated = ours.generate(
+            prompt, max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+    assert max_diff(prompt_logits, expected_logits[0]) <= TOL  # a forward pass without a cache: bidirectional
+    assert torch.equal(generated.sequences, expected_tokens)
+    for step, logits in enumerate(generated.logits):
+        assert max_diff(logits, expected_logits[step][:, -1]) <= TOL, step
+    # the default stays strictly causal: the prompt's first position does not see the second
+    causal = reload_as(reference, RoFormerForCausalLM, tmp_path / "causal")
+    changed = prompt.clone()
+    changed[:, 1] = changed[:, 1] % 98 + 1
+    with torch.no_grad():
+        assert max_diff(causal(prompt).logits[:, 0], causal(changed).logits[:, 0]) <= TOL
+        assert max_diff(ours(prompt).logits[:, 0], ours(changed).logits[:, 0]) > 1e-3
 
 
 def test_causal_lm_requires_decoder_config():
