@@ -19,6 +19,16 @@ converted with `add_pooling_layer=True`, and `pooler_activation` is chosen as fo
        vector is the pooler without activation (bert4keras `with_pool='linear'`), and bert_config.json cannot say;
        hf/v2: "tanh", the default of junnyu's RoFormer config, i.e. what his code computes for such a config.json.
 
+Generation (RoFormer-sim): junnyu's RoFormerForCausalLM, which the sim checkpoints were published for, reads a prompt
+bidirectionally and gives generated tokens token type 1. `bidirectional_prompt=True` reproduces that and is set for
+    tf: a release with a pooler (the RoFormer-sim releases; the output is a masked LM whose config carries the flag for
+        `AutoModelForCausalLM.from_pretrained(dir, is_decoder=True)`);
+    hf/v2: a decoder (`is_decoder` or a RoFormerForCausalLM architecture) saved by junnyu's package: a pooler in the
+        file or `pooler_activation` in config.json, which transformers' RoFormerConfig does not have. A decoder saved
+        by transformers stays strictly causal, as transformers runs it.
+`--config '{"bidirectional_prompt": false}'` overrides it. Verification runs without a cache, so for such a model the
+reference is transformers' RoFormer with `is_decoder=False`.
+
 Verification: tf and hf load the same weights into transformers' RoFormer (for hf, straight from the source
 directory) and compare hidden states and every head. transformers' RoFormer has no pooler, so the "pooler output" row
 compares ours with the reference's final [CLS] hidden state put through the source's own pooler tensors (as stored:
@@ -103,6 +113,11 @@ TF_DROPPED = {
 POOLER_OFF_REASON = "BERT-style pooler, dropped because --config sets add_pooling_layer to false"
 TF_POOLER = {"kernel": "bert/pooler/dense/kernel", "bias": "bert/pooler/dense/bias"}
 BASE_PREFIX = "roformer."  # RoFormerPreTrainedModel.base_model_prefix, as the heads' parameter names carry it
+BIDIRECTIONAL_NOTE = (
+    "generation: bidirectional_prompt=True, as junnyu's RoFormerForCausalLM generates (RoFormer-sim): the prompt is "
+    "read bidirectionally, generated tokens attend causally and get token type 1; --config "
+    "'{\"bidirectional_prompt\": false}' makes the decoder strictly causal"
+)
 HF_POOLER = {"weight": "roformer.pooler.dense.weight", "bias": "roformer.pooler.dense.bias"}
 
 
@@ -324,6 +339,8 @@ def transformers_reference(model, *, rms_norm: bool = False):
     import transformers
 
     config = transformers_config(model.config)
+    # with bidirectional_prompt, a forward pass without a cache (what verification runs) reads bidirectionally
+    config.is_decoder = model.config.is_decoder and not model.config.bidirectional_prompt
     reference = getattr(transformers, type(model).__name__)(config).eval()
     if rms_norm:
         _use_v2_computation(reference, model.config.layer_norm_eps)
@@ -495,9 +512,16 @@ class RoFormerSource(Source):
         activation = source_config.get("pooler_activation", self.default_pooler_activation)
         return {"add_pooling_layer": True, "pooler_activation": overrides.get("pooler_activation", activation)}
 
+    def sim_fields(self, is_sim: bool) -> dict:
+        """`bidirectional_prompt` for a RoFormer-sim source: its generation reads the prompt bidirectionally."""
+        return {"bidirectional_prompt": True} if is_sim else {}
+
     def complete(self, target, report):
         if self.has_pooler:
             self.notes.append(pooler_note(self.config, self.pooler_origin))
+            log(self.notes[-1])
+        if self.config.bidirectional_prompt:
+            self.notes.append(BIDIRECTIONAL_NOTE)
             log(self.notes[-1])
         if self.model_class.__name__ == "RoFormerModel":  # the key maps name the heads' layout, `roformer.*`
             target = {key.removeprefix(BASE_PREFIX): value for key, value in target.items()}
@@ -551,6 +575,7 @@ class TFSource(RoFormerSource):
             fields["embedding_size"] = words.shape[1]  # the small models project embeddings up to hidden_size
         fields.setdefault("layer_norm_eps", 1e-12)  # bert4keras' LayerNormalization epsilon
         fields.update(self.pooler_fields(raw, overrides))
+        fields.update(self.sim_fields(self.has_pooler))  # the releases with a pooler are RoFormer-sim's
         return {**fields, **overrides}
 
     def key_map(self) -> KeyMap:
@@ -586,6 +611,10 @@ class HFSource(RoFormerSource):
         tensors = with_base_prefix(load_tensors(self.path))
         self.has_pooler = HF_POOLER["weight"] in tensors
         fields.update(self.pooler_fields(raw, overrides))
+        # A decoder written by junnyu's package (a pooler in the file, or his config's pooler_activation field, which
+        # transformers' RoFormerConfig lacks) ran his RoFormerForCausalLM, RoFormer-sim's generator.
+        junnyu = self.has_pooler or "pooler_activation" in raw
+        fields.update(self.sim_fields(bool(fields.get("is_decoder")) and junnyu))
         self.config = make_config({**fields, **overrides}, str(config_file))
         self.model_class = _model_class(self.architecture)
         check_tied_and_positions(tensors, self.config)
@@ -612,7 +641,8 @@ class HFSource(RoFormerSource):
         import transformers
 
         reference_class = getattr(transformers, self.architecture or type(model).__name__)
-        reference = reference_class.from_pretrained(self.path, dtype=torch.float32, is_decoder=self.config.is_decoder)
+        is_decoder = self.config.is_decoder and not self.config.bidirectional_prompt  # see transformers_reference
+        reference = reference_class.from_pretrained(self.path, dtype=torch.float32, is_decoder=is_decoder)
         return reference.eval()
 
     def describe(self) -> str:

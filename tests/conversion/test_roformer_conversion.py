@@ -14,6 +14,7 @@ import shutil
 import pytest
 import torch
 import transformers
+from helpers.modeling import sim_generation_reference
 
 import posformers
 
@@ -191,6 +192,7 @@ def test_tf_checkpoint_converts_and_reproduces_the_model_it_came_from(tf_release
     model = transformers.AutoModelForMaskedLM.from_pretrained(output)
     assert isinstance(model, posformers.RoFormerForMaskedLM)
     assert model.config.embedding_size == 16
+    assert model.config.bidirectional_prompt  # a RoFormer-sim release: generating, it reads the prompt bidirectionally
     inputs = sample_inputs(model.config)
     with torch.no_grad():
         expected, actual = reference(**inputs).logits, model(**inputs).logits
@@ -391,6 +393,17 @@ def test_hf_sim_checkpoint_keeps_its_pooler(workdir, convert, convert_here, caps
     model = transformers.AutoModelForCausalLM.from_pretrained(output)
     assert isinstance(model, posformers.RoFormerForCausalLM) and model.config.is_decoder
     assert model.config.add_pooling_layer and model.config.pooler_activation == "linear"
+    # generation as junnyu's RoFormerForCausalLM does it: the prompt bidirectionally, generated tokens type 1
+    assert model.config.bidirectional_prompt and "bidirectional_prompt=True" in result.stdout
+    prompt = sample_inputs(reference.config)["input_ids"][:, :5]
+    with torch.no_grad():
+        expected_tokens, expected_logits = sim_generation_reference(reference.eval(), prompt, steps=4)
+        generated = model.generate(
+            prompt, max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+    assert torch.equal(generated.sequences, expected_tokens)
+    for step, logits in enumerate(generated.logits):
+        assert_close(logits, expected_logits[step][:, -1])
     # the sentence vector: the encoder read bidirectionally (as junnyu's code does without a cache), [CLS] pooled
     inputs = sample_inputs(reference.config)
     encoder = transformers.RoFormerModel.from_pretrained(source, is_decoder=False).eval()
@@ -410,6 +423,7 @@ def test_hf_sim_checkpoint_keeps_its_pooler(workdir, convert, convert_here, caps
         assert posformers.RoFormerConfig.from_pretrained(workdir / activation).pooler_activation == activation
     result = convert_here(*args[:-2], workdir / "off", "--config", '{"add_pooling_layer": false}').check()
     assert_verified(result, {"last hidden state", "logits"})
+    assert posformers.RoFormerConfig.from_pretrained(workdir / "off").bidirectional_prompt  # still junnyu's config
     assert "roformer.pooler.dense.weight" in result.stdout and "add_pooling_layer to false" in result.stdout
     assert not posformers.RoFormerConfig.from_pretrained(workdir / "off").add_pooling_layer
 
@@ -423,6 +437,24 @@ def test_hf_sim_checkpoint_keeps_its_pooler(workdir, convert, convert_here, caps
     monkeypatch.setattr(converter, "hf_key_map", transposed)
     error = cli_failure(capsys, *args[:-2], workdir / "bad")
     assert "pooler output differs" in error, error
+
+
+def test_hf_decoder_from_transformers_stays_strictly_causal(workdir, convert_here):
+    """transformers' RoFormerForCausalLM is causal everywhere; its folder (no pooler, no pooler_activation) converts
+    with bidirectional_prompt off, verified against transformers' causal logits."""
+    config = hf_config("RoFormerForCausalLM", is_decoder=True, vocab_size=vocab_size(CHAR_VOCAB))
+    reference = randomize(transformers.RoFormerForCausalLM(config), seed=19)
+    source = workdir / "roformer-causal"
+    reference.save_pretrained(source)
+    args = ["roformer", "--from", "hf", "--source", source, "--output", workdir / "out", "--no-tokenizer"]
+    result = convert_here(*args).check()
+    assert_verified(result, {"last hidden state", "logits"})
+    assert "bidirectional_prompt" not in result.stdout
+    model = transformers.AutoModelForCausalLM.from_pretrained(workdir / "out")
+    assert model.config.is_decoder and not model.config.bidirectional_prompt
+    inputs = sample_inputs(config)
+    with torch.no_grad():
+        assert_close(model(**inputs).logits, reference(**inputs).logits, inputs["attention_mask"])
 
 
 def test_hf_accounting_and_position_table_checks(workdir, capsys):
