@@ -16,6 +16,9 @@ under either name would silently load as transformers' classes.
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 # Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
 # `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
@@ -131,12 +134,39 @@ PRESETS = {
 
 
 def parse_pos_att_type(value) -> list[str]:
-    """ "c2p|p2c" (official files), ["c2p", "p2c"] (transformers) or None -> a lower-case list, order kept."""
+    """ "c2p|p2c" (official files), ["c2p", "p2c"] (transformers) or None -> a lower-case list, order kept. "none"
+    (the official experiment configs' spelling of "no position terms", e.g. bert_base.json) adds no entry."""
     if value is None:
         return []
     if isinstance(value, str):
         value = value.split("|")
-    return [str(entry).strip().lower() for entry in value if str(entry).strip()]
+    entries = (str(entry).strip().lower() for entry in value)
+    return [entry for entry in entries if entry and entry != "none"]
+
+
+def pooler_fields(config: dict, repository_format: bool) -> dict:
+    """The official `pooling` section of a config dict (`{"hidden_size", "dropout", "hidden_act"}`, written by the
+    microsoft/DeBERTa repository's fine-tuning) as posformers' `pooler_*` fields: `config` without the section, plus
+    the fields. The official `PoolConfig` (deberta/pooling.py) reads a missing entry of the section as dropout 0 and
+    "gelu", and a missing section as the model config itself: the model's own `hidden_act`, dropout 0. That fallback
+    applies to the repository's files (`repository_format`); in a config.json, transformers reads `pooler_*` fields
+    and ignores the section, so fields stated there win and a missing section leaves transformers' defaults."""
+    config = dict(config)
+    pooling = config.pop("pooling", None)
+    if pooling is None and not repository_format:
+        return config
+    if pooling is None:
+        pooling = {"hidden_act": config.get("hidden_act", "gelu")}
+    if not isinstance(pooling, dict):
+        raise ValueError(f"the config's `pooling` section must be a dict, got {pooling!r}")
+    fields = {
+        "pooler_hidden_size": pooling.get("hidden_size", config.get("hidden_size")),
+        "pooler_dropout": pooling.get("dropout", 0),
+        "pooler_hidden_act": pooling.get("hidden_act", "gelu"),
+    }
+    if not repository_format:
+        fields = {name: value for name, value in fields.items() if name not in config}
+    return {**config, **{name: value for name, value in fields.items() if value is not None}}
 
 
 def parse_norm_rel_ebd(value) -> list[str]:
@@ -181,10 +211,12 @@ class DebertaConfig(PreTrainedConfig):
         max_relative_positions (`int`, defaults to `-1`): relative distances are clipped to this span; below 1 it
             means `max_position_embeddings`.
         position_buckets (`int`, defaults to `256`): number of log buckets for relative distances (v2/v3); `-1` (or 0)
-            uses the distances themselves (v1). Needs `relative_attention`.
+            uses the distances themselves (v1). Ignored (set to -1, with a logged note) without `relative_attention`,
+            as the official code ignores it.
         pos_att_type (`str` or `list[str]`, defaults to `["p2c", "c2p"]`): which position terms enter the attention
             scores: "c2p" (content-to-position), "p2c" (position-to-content). Official files write "p2c|c2p". The
-            scores are scaled by `1 / sqrt(head_dim * (1 + len(pos_att_type)))`, as in the official code.
+            scores are scaled by `1 / sqrt(head_dim * (1 + len(pos_att_type)))`, as in the official code. "none" (the
+            official experiment configs' spelling) means no position term.
         share_att_key (`bool`, defaults to `True`): project relative embeddings with the content query/key
             projections (v2/v3) instead of separate position projections.
         norm_rel_ebd (`str`, defaults to `"layer_norm"`): `"layer_norm"` normalises the relative embedding table
@@ -201,7 +233,9 @@ class DebertaConfig(PreTrainedConfig):
             bias-free `embed_proj` maps it up).
         pooler_hidden_size, pooler_dropout, pooler_hidden_act: the context pooler of the classification heads
             (dense on the first token, then activation). `cls_dropout`: dropout before the classifier (defaults to
-            `hidden_dropout_prob`).
+            `hidden_dropout_prob`). A config.json carrying the official `pooling` section maps it (`pooler_fields`).
+
+    `talking_head` (early official releases) is not supported: a config enabling it is refused.
 
     Args (posformers):
         projection_layout (`str`, defaults to `"separate"`): `"separate"` stores v2/v3 projections
@@ -270,6 +304,7 @@ class DebertaConfig(PreTrainedConfig):
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
         official = config_dict.get("model_type")
         if official in OFFICIAL_DEFAULTS:
+            config_dict = pooler_fields(config_dict, repository_format=False)
             config_dict = {**OFFICIAL_DEFAULTS[official], **config_dict, "model_type": cls.model_type}
             if config_dict.get("pos_att_type") is None:
                 config_dict["pos_att_type"] = []
@@ -317,6 +352,11 @@ class DebertaConfig(PreTrainedConfig):
             "pooler_hidden_size",
         ):
             check_integer(self, name)
+        if getattr(self, "talking_head", False):
+            raise ValueError(
+                "DebertaConfig.talking_head is not supported: the talking-heads projections of early official DeBERTa "
+                "releases (head_logits_proj, head_weights_proj) are not implemented; set talking_head to false"
+            )
         for name in ("type_vocab_size", "conv_kernel_size", "emd_steps"):
             check_integer(self, name, 0)
         check_integer(self, "max_relative_positions", -1)
@@ -376,6 +416,14 @@ class DebertaConfig(PreTrainedConfig):
             raise ValueError(f"DebertaConfig.norm_rel_ebd has unknown entries {unknown}; allowed: {NORM_REL_EBD}")
         if self.position_buckets == 0:
             self.position_buckets = -1  # 0 and -1 both mean "no buckets" in the official code
+        if self.position_buckets > 0 and not self.relative_attention:
+            # The official code reads position_buckets only with relative attention; its own bert_base.json sets 256
+            # with relative_attention false.
+            logger.warning(
+                f"DebertaConfig.position_buckets={self.position_buckets} is ignored: relative_attention is false "
+                "(as in the official code); set to -1"
+            )
+            self.position_buckets = -1
         if self.position_buckets > 0:
             if not self.relative_attention:
                 raise ValueError(
@@ -390,4 +438,4 @@ class DebertaConfig(PreTrainedConfig):
                 )
 
 
-__all__ = ["AUTO_MAP", "OFFICIAL_COMMON_DEFAULTS", "OFFICIAL_DEFAULTS", "PRESETS", "DebertaConfig"]
+__all__ = ["AUTO_MAP", "OFFICIAL_COMMON_DEFAULTS", "OFFICIAL_DEFAULTS", "PRESETS", "DebertaConfig", "pooler_fields"]

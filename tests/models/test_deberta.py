@@ -21,6 +21,7 @@ from helpers.modeling import (
 from helpers.remote import auto_heads, check_remote_load, push_saved, saved_heads
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining
+from transformers.testing_utils import CaptureLogger
 
 import posformers
 from posformers import (
@@ -990,7 +991,7 @@ def test_push_to_hub_then_load_from_hub_without_posformers(hub_server, tmp_path)
         ({"pos_att_type": "c2p|x2y"}, r"pos_att_type has unknown entries \['x2y'\]"),
         ({"pos_att_type": ["c2p", "p2p"]}, "'p2p' is not supported"),
         ({"pos_att_type": "c2p|c2p"}, "lists an entry twice"),
-        ({"relative_attention": False}, "position_buckets=256 needs relative_attention=True"),
+        ({"talking_head": True}, "DebertaConfig.talking_head is not supported"),
         ({"position_buckets": 1}, "position_buckets"),
         ({"position_buckets": 2048}, "must be below max_relative_positions - 1"),
         ({"norm_rel_ebd": "batch_norm"}, "norm_rel_ebd has unknown entries"),
@@ -1011,6 +1012,24 @@ def test_push_to_hub_then_load_from_hub_without_posformers(hub_server, tmp_path)
 def test_config_validation(overrides, message):
     with pytest.raises(ValueError, match=message):
         tiny_config(DebertaConfig, **overrides)
+
+
+def test_what_the_official_code_ignores_is_accepted(tmp_path):
+    """bert_base.json (microsoft/DeBERTa experiments): position_buckets without relative attention is ignored, as
+    the official code ignores it, with a logged note; pos_att_type "none" names no position term."""
+    logger = transformers.utils.logging.get_logger("posformers.deberta.configuration_deberta")
+    with CaptureLogger(logger) as captured:
+        config = tiny_config(DebertaConfig, relative_attention=False, position_buckets=256, pos_att_type="none")
+    assert (config.position_buckets, config.pos_att_type) == (-1, [])
+    assert "position_buckets=256 is ignored" in captured.out
+    assert DebertaModel(config).encoder.layer[0].attention.self.scaling == config.head_dim**-0.5
+    # a config.json carrying the repository's `pooling` section: transformers ignores it, the official model ran it
+    fields = {**OFFICIAL_V3_CONFIG, "pooling": {"dropout": 0.1, "hidden_act": "tanh"}}
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    loaded = DebertaConfig.from_pretrained(tmp_path)
+    assert (loaded.pooler_hidden_act, loaded.pooler_dropout, getattr(loaded, "pooling", None)) == ("tanh", 0.1, None)
+    (tmp_path / "config.json").write_text(json.dumps({**fields, "pooler_hidden_act": "gelu"}))
+    assert DebertaConfig.from_pretrained(tmp_path).pooler_hidden_act == "gelu"  # the field transformers read wins
 
 
 def test_fields_changed_after_creation_are_checked_at_model_build():
