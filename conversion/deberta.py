@@ -33,7 +33,19 @@ checkpoints the tensors decide: their configs do not name the RTD head, which tr
 
 Some safetensors files carry the word embeddings twice, also as `deberta.embeddings.word_embeddings._weight`: that
 alias is dropped after checking that it equals `word_embeddings.weight`, and used as `word_embeddings.weight` when it
-is the only copy.
+is the only copy. A discriminator saved by the repository's RTD trainer with gradient-disentangled embedding sharing
+(GDES) carries `_weight` for both the word and the position table: there it is the residual, and `weight` (generator
+table + residual) is the table the discriminator ran, so `weight` is kept and the residuals are dropped.
+
+Config fields the official code reads differently from transformers: the repository's `pooling` section (fine-tuned
+checkpoints) becomes `pooler_hidden_act` / `pooler_dropout` / `pooler_hidden_size`, and without it a repository file's
+pooler runs the model's own `hidden_act` (the official `PoolConfig`); a config.json's own `pooler_*` fields win over
+the section. `pos_att_type: "none"` and `position_buckets` without relative attention are accepted as the official
+code ignores them (bert_base.json); `talking_head` is refused.
+
+A transformers-format MLM folder (DebertaV2ForMaskedLM with the non-legacy head, `position_biased_input: false`) has no
+absolute position table, since transformers has no Enhanced Mask Decoder: it converts with `emd_steps=0`, the head
+transformers ran, verified against transformers' ForMaskedLM logits, and the command says so.
 
 Verification runs transformers' DebertaModel / DebertaV2Model (for a fine-tuned head, transformers' task class of the
 same name) on weights that transformers loads strictly under its own names (`transformers_weights`, a table separate
@@ -68,7 +80,7 @@ from transformers.utils import ModelOutput
 
 from posformers.conversion import core
 from posformers.conversion.core import ConversionError, log
-from posformers.deberta.configuration_deberta import OFFICIAL_COMMON_DEFAULTS
+from posformers.deberta.configuration_deberta import OFFICIAL_COMMON_DEFAULTS, pooler_fields
 
 TASK_HEADS = {  # head -> (posformers class, its tensors besides the encoder, as a regex)
     "sequence-classification": ("DebertaForSequenceClassification", r"(pooler\.dense|classifier)\.(weight|bias)"),
@@ -94,6 +106,15 @@ ARCHITECTURE_HEADS = {
 }
 WORD_EMBEDDINGS = "deberta.embeddings.word_embeddings.weight"
 WORD_EMBEDDINGS_ALIAS = "deberta.embeddings.word_embeddings._weight"  # a second name some safetensors files carry
+POSITION_EMBEDDINGS = "deberta.embeddings.position_embeddings.weight"
+# Gradient-disentangled embedding sharing (the repository's RTDModel, rtd_task.py, embedding_sharing "gdes"): the
+# discriminator's tables are re-registered as `_weight` (its residual, trained) and, before each forward pass, a
+# `weight` buffer = generator table (detached) + `_weight`, which the discriminator's embeddings then read and which
+# its saved state holds. A discriminator on its own runs `weight`; `_weight` alone is not a table.
+GDES_RESIDUALS = {
+    WORD_EMBEDDINGS_ALIAS: WORD_EMBEDDINGS,
+    "deberta.embeddings.position_embeddings._weight": POSITION_EMBEDDINGS,
+}
 ORIGINAL_WEIGHTS = ("pytorch.model*.bin", "pytorch_model*.bin")
 OFFICIAL_EMD_STEPS = 2  # EnhancedMaskDecoder.emd_context_layer: `[encoder.layer[-1] for _ in range(2)]`
 
@@ -104,8 +125,17 @@ ORIGINAL_DEFAULTS = dict(
     padding_idx=0,
     pos_att_type="c2p",
 )
-# config.json entries that describe a file, not the architecture.
-NON_ARCHITECTURE_FIELDS = ("architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype", "auto_map")
+# config.json entries that describe a file, not the architecture (`legacy`: which MLM head class transformers built;
+# the tensors' names say it too).
+NON_ARCHITECTURE_FIELDS = (
+    "architectures",
+    "_name_or_path",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "auto_map",
+    "legacy",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +169,7 @@ def read_hf_config(source: Path) -> dict:
             f"{path}: model_type is {config.get('model_type')!r}; --from hf converts 'deberta' or 'deberta-v2' "
             "(for the microsoft/DeBERTa repository's files use --from original)"
         )
-    return config
+    return pooler_fields(config, repository_format=False)
 
 
 def original_weight_file(source: Path) -> Path:
@@ -169,7 +199,7 @@ def read_original_config(weight_file: Path, tensors: dict[str, torch.Tensor]) ->
             raise ConversionError(
                 f"{weight_file.parent}: no model_config.json, and {weight_file.name} holds no 'config' entry"
             )
-    fields = {**ORIGINAL_DEFAULTS, **config}
+    fields = pooler_fields({**ORIGINAL_DEFAULTS, **config}, repository_format=True)
     fields["pad_token_id"] = fields.pop("padding_idx")
     word_embeddings = tensors.get("deberta.embeddings.word_embeddings.weight")
     if fields.get("vocab_size", -1) < 1 and word_embeddings is not None:
@@ -186,11 +216,22 @@ def normalize_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {(f"deberta.{key}" if key.startswith(("embeddings.", "encoder.")) else key): t for key, t in tensors.items()}
 
 
-def resolve_word_embeddings_alias(tensors: dict[str, torch.Tensor]) -> None:
-    """`deberta.embeddings.word_embeddings._weight` (in place): renamed to `...word_embeddings.weight` when it is the
-    only copy; otherwise left for the key map to drop, after checking that it holds the same values."""
+def resolve_embedding_aliases(tensors: dict[str, torch.Tensor]) -> bool:
+    """`..._embeddings._weight` entries (in place). A GDES discriminator (`position_embeddings._weight` present too):
+    its `weight` tables are the ones it ran, the `_weight` residuals are left for the key map to drop; returns True.
+    Otherwise `word_embeddings._weight` is a second name of the table: renamed to `...word_embeddings.weight` when it is
+    the only copy, else left for the key map to drop after checking that it holds the same values; returns False."""
+    if all(residual in tensors for residual in GDES_RESIDUALS):
+        missing = [table for table in GDES_RESIDUALS.values() if table not in tensors]
+        if missing:
+            raise ConversionError(
+                f"{', '.join(missing)} missing beside the gradient-disentangled embedding sharing residuals "
+                f"({', '.join(GDES_RESIDUALS)}): the discriminator's tables are the generator's plus these residuals, "
+                "and the generator is not in the file"
+            )
+        return True
     if WORD_EMBEDDINGS_ALIAS not in tensors:
-        return
+        return False
     if WORD_EMBEDDINGS not in tensors:
         tensors[WORD_EMBEDDINGS] = tensors.pop(WORD_EMBEDDINGS_ALIAS)
         log(f"note: {WORD_EMBEDDINGS_ALIAS} is the only copy of the word embeddings; used as {WORD_EMBEDDINGS}")
@@ -199,6 +240,7 @@ def resolve_word_embeddings_alias(tensors: dict[str, torch.Tensor]) -> None:
             f"{WORD_EMBEDDINGS_ALIAS} differs from {WORD_EMBEDDINGS}; an alias must hold the same values, so the "
             "checkpoint is inconsistent and it is not clear which table the model used"
         )
+    return False
 
 
 def _task_head_in(tensors: dict[str, torch.Tensor]) -> str | None:
@@ -247,19 +289,24 @@ def posformers_config(official: dict):
         raise ConversionError(f"the source config is not a valid DeBERTa config: {error}") from error
 
 
-def key_map(head: str, keeps_positions: bool, drop_task_heads: bool = False) -> core.KeyMap:
+def key_map(head: str, keeps_positions: bool, drop_task_heads: bool = False, gdes: bool = False) -> core.KeyMap:
     """Official names -> posformers names for the `head` output. keeps_positions: the output reads the absolute
     position table (input bias, or the Enhanced Mask Decoder). drop_task_heads: drop (with the reason) the tensors of
-    task heads other than `head` instead of stopping on them (when the user chose `--head` explicitly)."""
+    task heads other than `head` instead of stopping on them (when the user chose `--head` explicitly). gdes: the
+    source is a GDES discriminator (`resolve_embedding_aliases`), whose `_weight` tensors are residuals."""
     base = "" if head == "model" else "deberta."  # DebertaModel's own keys have no prefix
     rules = [(r"deberta\.(.+)", rf"{base}\1")]
-    dropped = {
-        r"deberta\.embeddings\.position_ids": "buffer of positions 0..n-1, not a weight",
-        r"deberta\.embeddings\.word_embeddings\._weight": (
+    dropped = {r"deberta\.embeddings\.position_ids": "buffer of positions 0..n-1, not a weight"}
+    if gdes:
+        dropped[r"deberta\.embeddings\.(word|position)_embeddings\._weight"] = (
+            "GDES residual of the discriminator's table: the table it ran (`weight` = generator table + residual) "
+            "is in the file"
+        )
+    else:
+        dropped[r"deberta\.embeddings\.word_embeddings\._weight"] = (
             "second name of the word embeddings some safetensors files carry (checked equal to "
             "deberta.embeddings.word_embeddings.weight)"
-        ),
-    }
+        )
     if head in TASK_HEADS:
         rules.append((TASK_HEADS[head][1], r"\g<0>"))  # posformers' task heads use transformers' names
     elif drop_task_heads:
@@ -389,8 +436,9 @@ def transformers_weights(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str
         "task_head": {},
     }
     tensors = dict(tensors)
-    resolve_word_embeddings_alias(tensors)
-    tensors.pop(WORD_EMBEDDINGS_ALIAS, None)
+    resolve_embedding_aliases(tensors)
+    for residual in GDES_RESIDUALS:  # an alias checked equal, or a GDES residual: not a table transformers reads
+        tensors.pop(residual, None)
     for key, tensor in tensors.items():
         tensor = tensor.float()
         if key == "deberta.embeddings.position_embeddings.weight":
@@ -560,11 +608,14 @@ Rows = dict[str, tuple[torch.Tensor, torch.Tensor]]  # row name -> (ours, refere
 
 def mlm_rows(run: VerificationRun) -> Rows:
     """The official MLM head: the Enhanced Mask Decoder (two passes of the last layer) on transformers' encoder, unless
-    the absolute positions are already added at the input; then transformers' non-legacy `lm_predictions`."""
+    the absolute positions are already added at the input; then transformers' non-legacy `lm_predictions`. A model
+    converted with emd_steps=0 (a transformers-format MLM) compares with transformers' ForMaskedLM itself."""
     reference = run.reference
     if reference.config.position_biased_input:
         logits = reference.lm_predictions(run.expected.last_hidden_state, reference.deberta.embeddings.word_embeddings)
         return {"MLM logits": (run.ours.logits, logits)}
+    if not run.config.uses_emd:  # a transformers-format MLM (HFSource.without_position_table): transformers' logits
+        return {"MLM logits (emd_steps=0, as transformers)": (run.ours.logits, reference(**run.batch).logits)}
     positions = run.weights["positions"].get("weight")
     if positions is None:
         raise ConversionError("verification: the source has no absolute position table")
@@ -677,12 +728,19 @@ class DebertaSource(core.Source):
         import posformers
 
         self.official, tensors = self.read()
-        resolve_word_embeddings_alias(tensors)
+        self.gdes = resolve_embedding_aliases(tensors)
+        if self.gdes:
+            log(
+                "note: a discriminator trained with gradient-disentangled embedding sharing (GDES): its word and "
+                "position tables are the `weight` tensors it ran (generator table + `_weight` residual)"
+            )
         self.head = choose_head(tensors, self.args.head, self.official.get("architectures"))
         labelled = self.head in ("sequence-classification", "token-classification") and "classifier.weight" in tensors
         if labelled and not {"id2label", "num_labels"} & set(self.official):  # no labels in config.json: the rows
             self.official = {**self.official, "num_labels": tensors["classifier.weight"].shape[0]}
         self.config = posformers_config(self.official)
+        if self.head == "masked-lm" and self.config.uses_emd and POSITION_EMBEDDINGS not in tensors:
+            self.without_position_table()
         self.model_class = getattr(posformers, HEAD_CLASSES[self.head])
         self.keeps_positions = self.config.position_biased_input or (self.head == "masked-lm" and self.config.uses_emd)
         self.version = "v1" if self.official["model_type"] == "deberta" else "v2/v3"
@@ -692,8 +750,12 @@ class DebertaSource(core.Source):
         )
         return tensors
 
+    def without_position_table(self) -> None:
+        """An MLM source without the absolute position table, which the Enhanced Mask Decoder reads: refused by
+        default (the key accounting names the missing table); `HFSource` converts it."""
+
     def key_map(self) -> core.KeyMap:
-        return key_map(self.head, self.keeps_positions, drop_task_heads=self.args.head != "auto")
+        return key_map(self.head, self.keeps_positions, drop_task_heads=self.args.head != "auto", gdes=self.gdes)
 
     def complete(self, target, report):
         stored_dtypes = sorted({str(tensor.dtype).removeprefix("torch.") for tensor in target.values()})
@@ -722,6 +784,19 @@ class HFSource(DebertaSource):
         official = read_hf_config(self.path)
         self.weight_source = self.tokenizer_dir = self.path
         return official, normalize_keys(core.load_tensors(self.path))
+
+    def without_position_table(self) -> None:
+        # A folder saved by transformers' DebertaV2ForMaskedLM (non-legacy head, position_biased_input false): its
+        # embeddings have no absolute table, since transformers has no Enhanced Mask Decoder; its LM head reads the
+        # encoder output. That is the head it ran and was trained with, so it converts with the EMD off.
+        self.config.emd_steps = 0
+        message = (
+            f"the source has no absolute position table ({POSITION_EMBEDDINGS}), which the Enhanced Mask Decoder "
+            "reads: a transformers-format MLM, whose head reads the encoder output; converted with emd_steps=0 (no "
+            "Enhanced Mask Decoder), verified against transformers' ForMaskedLM logits"
+        )
+        log(f"note: {message}")
+        self.notes.append(message[0].upper() + message[1:] + ".")
 
 
 class OriginalSource(DebertaSource):
