@@ -21,7 +21,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask, create_masks_for_generate
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -636,8 +636,19 @@ def attention_masks(config: RoFormerConfig, hidden_states, attention_mask, past_
             config=config, inputs_embeds=hidden_states, attention_mask=attention_mask, past_key_values=past_key_values
         )
     else:
-        mask = create_bidirectional_mask(config=config, inputs_embeds=hidden_states, attention_mask=attention_mask)
+        mask = prompt_mask(config, hidden_states, attention_mask, past_key_values)
     return mask, key_padding_mask
+
+
+def prompt_mask(config: RoFormerConfig, embeddings, attention_mask, past_key_values):
+    """The bidirectional mask over `embeddings` (B, L, ...), the only tokens there are. With a cache, over its key
+    length: a static cache is longer than the prompt, and its empty slots must be masked, so a missing mask becomes
+    one of ones for the prompt."""
+    if past_key_values is not None and attention_mask is None:
+        attention_mask = torch.ones(embeddings.shape[:2], dtype=torch.long, device=embeddings.device)
+    return create_bidirectional_mask(
+        config=config, inputs_embeds=embeddings, attention_mask=attention_mask, past_key_values=past_key_values
+    )
 
 
 @dataclass
@@ -903,6 +914,14 @@ class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
             # junnyu's RoFormer-sim generation: what follows the prompt is segment B, token type 1
             model_inputs["token_type_ids"] = torch.ones_like(new_ids)
         return model_inputs
+
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, past_key_values, **kwargs):
+        """The 4D mask `generate` builds ahead for a static cache: bidirectional over a prompt that
+        `bidirectional_prompt` reads so, causal otherwise."""
+        cached = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if is_causal_pass(config, cached):
+            return create_masks_for_generate(config, inputs_embeds, attention_mask, past_key_values, **kwargs)
+        return prompt_mask(config, inputs_embeds, attention_mask, past_key_values)
 
     def forward(
         self,

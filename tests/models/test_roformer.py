@@ -587,13 +587,13 @@ def test_bidirectional_prompt_generates_as_junnyus_causal_lm(implementation, tmp
     with torch.no_grad():
         expected_tokens, expected_logits = sim_generation_reference(reference, prompt, steps)
         prompt_logits = ours(prompt).logits
-        generated = ours.generate(
-            prompt, max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True
-        )
+        settings = dict(max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        runs = {cache: ours.generate(prompt, cache_implementation=cache, **settings) for cache in ("dynamic", "static")}
     assert max_diff(prompt_logits, expected_logits[0]) <= TOL  # a forward pass without a cache: bidirectional
-    assert torch.equal(generated.sequences, expected_tokens)
-    for step, logits in enumerate(generated.logits):
-        assert max_diff(logits, expected_logits[step][:, -1]) <= TOL, step
+    for cache, generated in runs.items():
+        assert torch.equal(generated.sequences, expected_tokens), cache
+        for step, logits in enumerate(generated.logits):
+            assert max_diff(logits, expected_logits[step][:, -1]) <= TOL, (cache, step)
     # the default stays strictly causal: the prompt's first position does not see the second
     causal = reload_as(reference, RoFormerForCausalLM, tmp_path / "causal")
     changed = prompt.clone()
