@@ -62,10 +62,6 @@ class GlueTask:
     submission: str  # file stem of the GLUE submission (test predictions)
     matched_mismatched: bool = False
 
-    @property
-    def is_regression(self) -> bool:
-        return self.label_names is None
-
     def split_files(self) -> dict[str, str]:
         """Split name -> official file name in a GLUE task folder."""
         if self.matched_mismatched:

@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 DATA_FORMATS = ("auto", "squad", "korquad2", "triviaqa")
 KORQUAD_MODES = ("html", "context")
-SPLITS = ("train", "validation", "test")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
