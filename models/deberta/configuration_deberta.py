@@ -37,6 +37,8 @@ AUTO_MAP = {
 POS_ATT_TYPES = ("c2p", "p2c")
 NORM_REL_EBD = ("none", "layer_norm")
 PROJECTION_LAYOUTS = ("separate", "fused")
+# How a padded batch runs (`unpad_inputs`); flattened batches always run padding-free.
+UNPAD_MODES = ("auto", "always", "never")
 
 # What a field means when an official / transformers config.json leaves it out: the defaults of transformers'
 # DebertaConfig / DebertaV2Config and of the official code's `getattr(config, name, default)` calls. posformers' own
@@ -246,6 +248,12 @@ class DebertaConfig(PreTrainedConfig):
             the last encoder layer (the official code: 2). 0 turns the EMD off (the LM head reads the encoder output,
             as transformers' DebertaForMaskedLM does). The EMD exists only when `position_biased_input` is `False`,
             as in the official code.
+        unpad_inputs (`str`, defaults to `"auto"`): whether a padded batch runs padding-free, its real tokens packed
+            into one row with attention per sequence (`"auto"`: when the 2D attention_mask holds padding and nothing
+            in the pass rules it out, such as output_attentions or a left-padded or 3D mask; `"always"`: every pass,
+            raising when ruled out; `"never"`: the padded path). Outputs at real tokens are the same either way;
+            padded positions of `last_hidden_state` are zeros. A flattened batch (one row whose position_ids restart
+            at 0, as `DataCollatorWithFlattening` builds it) always runs padding-free.
     """
 
     model_type = "posformers-deberta"
@@ -284,6 +292,7 @@ class DebertaConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
     projection_layout: str = "separate"
     emd_steps: int = 2
+    unpad_inputs: str = "auto"
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # an official "deberta" / "deberta-v2" config.json becomes ours
@@ -382,6 +391,8 @@ class DebertaConfig(PreTrainedConfig):
             raise ValueError(
                 f"DebertaConfig.projection_layout must be one of {PROJECTION_LAYOUTS}, got {self.projection_layout!r}"
             )
+        if self.unpad_inputs not in UNPAD_MODES:
+            raise ValueError(f"DebertaConfig.unpad_inputs must be one of {UNPAD_MODES}, got {self.unpad_inputs!r}")
         self._validate_relative_attention()
         if self.conv_kernel_size > 0:
             if self.conv_kernel_size % 2 == 0:

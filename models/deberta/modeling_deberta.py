@@ -18,6 +18,7 @@ to the Hub for `trust_remote_code` users.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -188,6 +189,19 @@ def position_bias(query, key, pos_key, pos_query, positions: RelativePositions) 
     return gather_position_bias(*position_score_tables(query, key, pos_key, pos_query), positions)
 
 
+def position_rows_within(pos_key, pos_query, outer: RelativePositions, inner: RelativePositions):
+    """The position keys and queries of the rows `inner` uses, sliced from those of the rows `outer` uses (which
+    include them: a shorter length reaches a sub-range of rows). pos_key: (H, R_outer, D) in reverse row order, or
+    None; pos_query: (H, R_outer, D), or None."""
+    start = inner.first_row - outer.first_row
+    end = outer.first_row + outer.num_rows - inner.first_row  # counted from the end of the reversed keys
+    if pos_key is not None:
+        pos_key = pos_key[:, end - inner.num_rows : end]
+    if pos_query is not None:
+        pos_query = pos_query[:, start : start + inner.num_rows]
+    return pos_key, pos_query
+
+
 def parameters_key(*tensors) -> tuple:
     """Identity of the current values of some parameters: storage, in-place version, dtype, device and shape."""
     return tuple(
@@ -210,10 +224,12 @@ class InferenceCache:
         self._buffers: dict[str, torch.Tensor] = {}
 
     def buffer(self, name: str, shape, like: torch.Tensor) -> torch.Tensor:
-        """A buffer kept across layers, reallocated only when the shape, dtype or device changes."""
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or buffer.device != like.device:
-            buffer = self._buffers[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        """A buffer kept across layers, one per name and shape (a packed batch attends groups of several widths in
+        every layer), reallocated only when the dtype or device changes."""
+        key = (name, tuple(shape))
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.dtype != like.dtype or buffer.device != like.device:
+            buffer = self._buffers[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
         return buffer
 
     def position_projections(self, module: nn.Module, rel_embeddings: torch.Tensor, project):
@@ -246,6 +262,339 @@ class InferenceCache:
                 out = bias[item : item + 1, chunk]  # contiguous: one batch element, consecutive heads
                 gather_position_bias(c2p_table, p2c_table, positions, out=out, scratch=scratch)
         return bias
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Padding-free execution: the real tokens of a batch as one (1, N) row, attention per sequence
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+# Copied from posformers.roformer.modeling_roformer.PackedBatch
+@dataclass
+class PackedBatch:
+    """Where the N real tokens of a batch live, for running a model on (1, N, ...) tensors instead of (B, L, ...).
+
+    Two inputs give one: a padded batch with a right-padded 2D attention mask (`pack_padded`), or a flattened batch in
+    transformers' padding-free format, one row whose `position_ids` restart at 0 for every sequence (`pack_flattened`,
+    as `DataCollatorWithFlattening` builds it). Either way the packed row holds the sequences one after another, and
+    `indices` says where each token sits in the `(rows, width)` grid of the padded layout.
+
+    indices: (N,) long, flat position `row * width + column` of every real token in the grid.
+    cu_seqlens: (rows + 1,) int32, where each sequence starts in the packed row (flash-attention's varlen layout).
+    lengths: the rows' lengths as Python ints (0 for a row that is all padding).
+    flattened: the input came flattened, so outputs stay (1, N, ...) instead of going back to (rows, width, ...).
+    """
+
+    indices: torch.Tensor
+    cu_seqlens: torch.Tensor
+    lengths: list[int]
+    width: int
+    flattened: bool = False
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(self.lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.indices.shape[0])
+
+    def position_ids(self) -> torch.Tensor:
+        """(1, N) position of every token within its own sequence: 0, 1, 2, ... restarting per sequence."""
+        return (self.indices % self.width)[None]
+
+    def varlen_kwargs(self) -> dict:
+        """The keyword arguments transformers' flash-attention integration reads for a packed (1, N) batch."""
+        return {
+            "cu_seq_lens_q": self.cu_seqlens,
+            "cu_seq_lens_k": self.cu_seqlens,
+            "max_length_q": self.max_seqlen,
+            "max_length_k": self.max_seqlen,
+        }
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """(rows, width, ...) grid -> (1, N, ...) real tokens. A flattened batch's tensors are already packed."""
+        if self.flattened:
+            return tensor
+        return tensor.flatten(0, 1).index_select(0, self.indices)[None]
+
+    def unpack(self, tensor: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """(1, N, ...) -> (rows, width, ...), `fill` at padded positions (differentiable)."""
+        grid = tensor.new_full((self.rows * self.width, *tensor.shape[2:]), fill)
+        return grid.index_copy(0, self.indices, tensor[0]).view(self.rows, self.width, *tensor.shape[2:])
+
+    def restore(self, tensor: torch.Tensor) -> torch.Tensor:
+        """(1, N, ...) -> the layout the input came in: (1, N, ...) for a flattened batch, else the padded grid with
+        zeros at padded positions."""
+        return tensor if self.flattened else self.unpack(tensor)
+
+    def first_tokens(self, tensor: torch.Tensor) -> torch.Tensor:
+        """(1, N, ...) -> (rows, ...): each sequence's first token; zeros for a row that is all padding."""
+        starts = self.cu_seqlens[:-1].long().clamp_max(max(self.num_tokens - 1, 0))
+        first = tensor[0].index_select(0, starts)
+        if 0 in self.lengths:
+            empty = torch.tensor([n == 0 for n in self.lengths], device=tensor.device)
+            first = first.masked_fill(empty.view(-1, *[1] * (first.dim() - 1)), 0.0)
+        return first
+
+    def groups(self, multiple_of: int = 1) -> list["AttentionGroup"]:
+        """The sequences in groups of similar length, each to be attended as a (group rows, group width) padded batch;
+        cached per `multiple_of`."""
+        cache = self.__dict__.setdefault("_groups", {})
+        if multiple_of not in cache:
+            cache[multiple_of] = attention_groups(self, multiple_of)
+        return cache[multiple_of]
+
+
+# Copied from posformers.roformer.modeling_roformer.AttentionGroup
+@dataclass
+class AttentionGroup:
+    """Sequences of similar length attended together as a padded (rows, width) batch.
+
+    gather: (rows * width,) long, the packed token at each grid slot (padding slots repeat a real token; the key mask
+    hides them and their outputs are dropped).
+    key_mask: (rows, width) bool, True at real tokens.
+    slots: (n,) long, the grid slots of this group's real tokens, in packed order.
+    tokens: (n,) long, the packed positions of those tokens.
+    """
+
+    rows: int
+    width: int
+    gather: torch.Tensor
+    key_mask: torch.Tensor
+    slots: torch.Tensor
+    tokens: torch.Tensor
+
+
+# Cost model of one group for `attention_groups`, in units of one query-key pair: every slot of the padded group costs
+# its width (scores) plus a constant (projections into and out of the group), and each group a fixed overhead (kernel
+# launches, gathers): small on a CPU, where a pair costs tens of nanoseconds, large on a GPU, where a launch costs
+# what ~10^5 pairs do. Only the split depends on it; any split gives the same outputs.
+GROUP_SLOT_COST = 64
+GROUP_OVERHEAD = {"cpu": 4096}
+GROUP_OVERHEAD_ACCELERATOR = 262144
+
+
+# Copied from posformers.roformer.modeling_roformer.attention_groups
+def attention_groups(packing: PackedBatch, multiple_of: int = 1) -> list[AttentionGroup]:
+    """Split the non-empty sequences into length groups (sorted by length, cut where the cost model says padding to
+    one width wastes more than another group costs) and index each group's padded layout. Widths are rounded up to
+    `multiple_of` (a block size)."""
+    device = packing.indices.device
+    overhead = GROUP_OVERHEAD.get(device.type, GROUP_OVERHEAD_ACCELERATOR)
+    order = sorted((i for i, n in enumerate(packing.lengths) if n > 0), key=lambda i: -packing.lengths[i])
+    widths = [-(-packing.lengths[i] // multiple_of) * multiple_of for i in order]
+    # best[j]: cheapest cost of the first j sequences; cut[j]: where its last group starts.
+    best, cut = [0.0] + [math.inf] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for start in range(end):
+            width = widths[start]
+            cost = best[start] + (end - start) * width * (width + GROUP_SLOT_COST) + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    bounds, end = [], len(order)
+    while end > 0:
+        bounds.append((cut[end], end))
+        end = cut[end]
+    lengths = torch.tensor(packing.lengths, device=device)
+    groups = []
+    for start, end in reversed(bounds):
+        members, width = torch.tensor(order[start:end], device=device), widths[start]
+        columns = torch.arange(width, device=device)
+        key_mask = columns < lengths[members, None]
+        gather = packing.cu_seqlens[members, None].long() + torch.where(key_mask, columns, 0)
+        slots = key_mask.flatten().nonzero().squeeze(-1)
+        groups.append(
+            AttentionGroup(
+                rows=len(members),
+                width=width,
+                gather=gather.flatten(),
+                key_mask=key_mask,
+                slots=slots,
+                tokens=gather.flatten().index_select(0, slots),
+            )
+        )
+    return groups
+
+
+# Copied from posformers.roformer.modeling_roformer.grouped_attention
+def grouped_attention(
+    packing: PackedBatch,
+    attend: Callable[..., torch.Tensor],
+    *tensors: torch.Tensor,
+    multiple_of: int = 1,
+) -> torch.Tensor:
+    """Run `attend(group, *padded)` on every length group and put its outputs back in packed order.
+
+    tensors: (1, N, ...) packed; `attend` gets each as a (group.rows, group.width, ...) padded batch, with
+    `group.key_mask`, and returns (group.rows, group.width, ...). Returns (1, N, ...). One group holding every
+    sequence at the batch's own width is exactly the padded computation.
+    """
+    outputs, token_order = [], []
+    for group in packing.groups(multiple_of):
+        padded = [t[0].index_select(0, group.gather).view(group.rows, group.width, *t.shape[2:]) for t in tensors]
+        output = attend(group, *padded)
+        outputs.append(output.flatten(0, 1).index_select(0, group.slots))
+        token_order.append(group.tokens)
+    if not outputs:  # every row is padding
+        return tensors[0].new_zeros((1, 0, *tensors[0].shape[2:]))
+    if len(outputs) == 1:
+        output, tokens = outputs[0], token_order[0]
+    else:
+        output, tokens = torch.cat(outputs), torch.cat(token_order)
+    inverse = torch.empty_like(tokens)
+    inverse[tokens] = torch.arange(tokens.numel(), device=tokens.device)
+    return output.index_select(0, inverse)[None]
+
+
+# Copied from posformers.roformer.modeling_roformer.pack_padded
+def pack_padded(attention_mask: torch.Tensor) -> PackedBatch:
+    """The packing of a right-padded batch from its (B, L) attention mask (1 = real token). The caller checks that the
+    mask is right-padded (`is_right_padded`)."""
+    mask = attention_mask.bool()
+    lengths = mask.sum(-1)
+    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+    indices = mask.flatten().nonzero().squeeze(-1)
+    return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths.tolist(), width=mask.shape[1])
+
+
+# Copied from posformers.roformer.modeling_roformer.is_right_padded
+def is_right_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether every row of a (B, L) mask is real tokens followed by padding only (no left padding, no holes)."""
+    mask = attention_mask.bool()
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())
+
+
+# Copied from posformers.roformer.modeling_roformer.flattened_restarts
+def flattened_restarts(position_ids: torch.Tensor | None, input_rows: int) -> bool:
+    """Whether the input is a flattened batch: one row whose position_ids restart at 0 after its first token."""
+    return (
+        position_ids is not None
+        and input_rows == 1
+        and position_ids.dim() == 2
+        and position_ids.shape[1] > 1
+        and bool((position_ids[0, 1:] == 0).any())
+    )
+
+
+# Copied from posformers.roformer.modeling_roformer.pack_flattened
+def pack_flattened(position_ids: torch.Tensor, attention_mask=None, cu_seq_lens=None) -> PackedBatch:
+    """The packing of a flattened batch from its (1, N) position_ids, which must count 0, 1, 2, ... within every
+    sequence. An attention mask, if given, must be all ones, and `cu_seq_lens` (cu_seq_lens_q/k) must agree."""
+    positions = position_ids[0]
+    if attention_mask is not None and not bool(attention_mask.bool().all()):
+        raise ValueError(
+            "position_ids restart at 0 (a flattened batch), but attention_mask marks padding: a flattened batch has "
+            "no padding; pass either a padded batch with attention_mask or a flattened one with position_ids"
+        )
+    starts = (positions == 0).nonzero().squeeze(-1)
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        raise ValueError("position_ids of a flattened batch must start at 0 for its first sequence")
+    sequence = torch.cumsum(positions == 0, 0) - 1
+    expected = torch.arange(positions.numel(), device=positions.device) - starts[sequence]
+    wrong = (positions != expected).nonzero()
+    if wrong.numel():
+        index = int(wrong[0])
+        raise ValueError(
+            f"position_ids of a flattened batch must count 0, 1, 2, ... within each sequence and restart at 0; "
+            f"got {int(positions[index])} at index {index} where {int(expected[index])} was expected"
+        )
+    cu_seqlens = F.pad(starts.to(torch.int32), (0, 1), value=positions.numel())
+    if cu_seq_lens is not None and not torch.equal(cu_seq_lens.to(cu_seqlens), cu_seqlens):
+        raise ValueError(
+            f"cu_seq_lens_q/cu_seq_lens_k {cu_seq_lens.tolist()} contradict the sequence starts in position_ids "
+            f"{cu_seqlens.tolist()}"
+        )
+    lengths = cu_seqlens.diff().tolist()
+    width = max(lengths)
+    indices = sequence * width + positions
+    return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths, width=width, flattened=True)
+
+
+# Copied from posformers.roformer.modeling_roformer.plan_packing
+def plan_packing(
+    config,
+    shape: tuple[int, int],
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    cu_seq_lens: torch.Tensor | None = None,
+    blocker: str | None = None,
+    device: torch.device | None = None,
+) -> PackedBatch | None:
+    """How this forward pass runs: a PackedBatch for the padding-free path, or None for the padded one.
+
+    A flattened batch (`position_ids` restarting at 0 in a single row, or `cu_seq_lens_q` given) is always packed: no
+    other reading of it keeps its sequences apart. A padded batch follows `config.unpad_inputs`: "never" keeps the
+    padded path; "auto" packs when the 2D mask holds padding and nothing rules packing out; "always" packs every pass
+    and raises when something does. `blocker` names what in this pass rules it out (a KV cache, output_attentions...).
+    """
+    if cu_seq_lens is not None or flattened_restarts(position_ids, shape[0]):
+        if blocker is not None:
+            raise ValueError(
+                f"position_ids restart at 0 (a flattened batch), which this forward pass cannot take: {blocker}"
+            )
+        if position_ids is None:
+            raise ValueError(
+                "cu_seq_lens_q describes a flattened batch; pass its position_ids too (0, 1, 2, ... per sequence)"
+            )
+        return pack_flattened(position_ids, attention_mask, cu_seq_lens)
+    mode = config.unpad_inputs
+    if mode == "never":
+        return None
+    if attention_mask is not None and attention_mask.dim() != 2:
+        blocker = blocker or "a 4D attention_mask (pass the 2D padding mask to run padding-free)"
+    elif attention_mask is not None and not is_right_padded(attention_mask):
+        blocker = blocker or "attention_mask is not right-padded (left padding or holes); pad on the right"
+    if mode == "always":
+        if blocker is not None:
+            raise ValueError(f"config.unpad_inputs='always' but this forward pass cannot run padding-free: {blocker}")
+        if attention_mask is None:
+            return pack_padded(torch.ones(shape, dtype=torch.bool, device=device))
+        return pack_padded(attention_mask)
+    if blocker is not None or attention_mask is None or bool(attention_mask.bool().all()):
+        return None
+    return pack_padded(attention_mask)
+
+
+@dataclass
+class PackedPositions:
+    """What the layers need to attend a packed batch: its packing, and its relative positions. Attention runs per
+    length group (`grouped_attention`), each group a padded batch of its own width, so each width gets its own
+    `RelativePositions` (None without relative attention), built once per forward pass and shared by the layers.
+    `widest` (the longest sequence's) reaches every relative row any group uses: each layer projects those rows once
+    and every group reads its slice of them (`position_rows_within`)."""
+
+    packing: PackedBatch
+    by_width: dict[int, RelativePositions | None]
+    widest: RelativePositions | None
+
+    @property
+    def cache(self) -> "InferenceCache | None":
+        return self.widest.cache if self.widest is not None else None
+
+    @cache.setter
+    def cache(self, cache: "InferenceCache | None") -> None:
+        for positions in (self.widest, *self.by_width.values()):
+            if positions is not None:
+                positions.cache = cache
+
+
+def packed_positions(packing: PackedBatch, config: DebertaConfig, device) -> PackedPositions:
+    """The `PackedPositions` of `packing`: `relative_positions` for every attention-group width and the longest
+    sequence (None each without relative attention)."""
+
+    def positions(length: int) -> RelativePositions | None:
+        return relative_positions(length, config, device) if config.relative_attention else None
+
+    by_width = {}
+    for group in packing.groups():
+        if group.width not in by_width:
+            by_width[group.width] = positions(group.width)
+    return PackedPositions(packing=packing, by_width=by_width, widest=positions(max(packing.lengths, default=1) or 1))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -478,30 +827,68 @@ class DisentangledSelfAttention(nn.Module):
         hidden_states: torch.Tensor,
         rel_embeddings: torch.Tensor | None,
         query_states: torch.Tensor | None = None,
-        positions: RelativePositions | None = None,
+        positions: RelativePositions | PackedPositions | None = None,
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         **kwargs,
     ):
-        """`**kwargs` (e.g. the Trainer's `num_items_in_batch`) are accepted and unused: the kernels take none."""
+        """`positions` is a `PackedPositions` when the batch runs padding-free: hidden_states (and query_states) are
+        then the packed (1, N, hidden) tokens, and attention runs per length group with each group's key mask.
+        `**kwargs` (e.g. the Trainer's `num_items_in_batch`) are accepted and unused: the kernels take none."""
         batch_size, seq_len = hidden_states.shape[:2]
         query, key, value = self.project_content(hidden_states, query_states)
+        widest = positions.widest if isinstance(positions, PackedPositions) else positions
         pos_key = pos_query = None
-        if self.relative_attention and rel_embeddings is not None and positions is not None and self.pos_att_type:
-            pos_key, pos_query = self.position_projections(rel_embeddings, positions)
+        if self.relative_attention and rel_embeddings is not None and widest is not None and self.pos_att_type:
+            pos_key, pos_query = self.position_projections(rel_embeddings, widest)
 
         implementation = self.config._attn_implementation or "eager"
         if output_attentions and implementation != "eager":
             implementation = "eager"  # only the eager kernel returns the weights
+        if not isinstance(positions, PackedPositions):
+            context, weights = self.attend(
+                query, key, value, pos_key, pos_query, positions, attention_mask, implementation
+            )
+            return context.reshape(batch_size, seq_len, -1), weights
+
+        def attend_group(group: AttentionGroup, group_query, group_key, group_value):
+            group_query, group_key, group_value = (t.transpose(1, 2) for t in (group_query, group_key, group_value))
+            group_positions = positions.by_width[group.width]
+            group_pos_key, group_pos_query = pos_key, pos_query
+            if pos_key is not None or pos_query is not None:
+                group_pos_key, group_pos_query = position_rows_within(pos_key, pos_query, widest, group_positions)
+            # a group of equal lengths has no padding: no mask, as the padded path without padding
+            mask = None if group.rows * group.width == group.slots.numel() else group.key_mask[:, None, None, :]
+            context, _ = self.attend(
+                group_query,
+                group_key,
+                group_value,
+                group_pos_key,
+                group_pos_query,
+                group_positions,
+                mask,
+                implementation,
+            )
+            return context  # (rows, width, H, D)
+
+        # grouped_attention takes (1, N, H, D) views of the (1, H, N, D) projections; each group gets (rows, width,
+        # H, D), attended as (rows, H, width, D)
+        packed = (t.transpose(1, 2) for t in (query, key, value))
+        context = grouped_attention(positions.packing, attend_group, *packed)
+        return context.reshape(batch_size, seq_len, -1), None
+
+    def attend(self, query, key, value, pos_key, pos_query, positions, attention_mask, implementation: str):
+        """Disentangled attention of (B, H, L, D) queries, keys and values, with the position keys and queries of the
+        relative rows `positions` (RelativePositions or None) uses; attention_mask bool (True = attend) broadcastable
+        to (B, H, L, L), or None. Returns (context (B, L, H, D), weights (B, H, L, L) from the eager kernel, else
+        None)."""
         args = (self.scaling, self.attention_dropout, self.training)
         if implementation == "flex_attention" and (attention_mask is None or attention_mask.shape[-2] == 1):
             c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query)
-            context, weights = flex_attention(query, key, value, c2p_table, p2c_table, positions, attention_mask, *args)
-        else:
-            bias = position_bias(query, key, pos_key, pos_query, positions) if positions is not None else None
-            kernel = eager_attention if implementation == "eager" else sdpa_attention
-            context, weights = kernel(query, key, value, bias, attention_mask, *args)
-        return context.reshape(batch_size, seq_len, -1), weights
+            return flex_attention(query, key, value, c2p_table, p2c_table, positions, attention_mask, *args)
+        bias = position_bias(query, key, pos_key, pos_query, positions) if positions is not None else None
+        kernel = eager_attention if implementation == "eager" else sdpa_attention
+        return kernel(query, key, value, bias, attention_mask, *args)
 
 
 class DebertaSelfOutput(nn.Module):
@@ -610,10 +997,14 @@ class DebertaConvLayer(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states, residual_states, input_mask):
+    def forward(self, hidden_states, residual_states, input_mask, packing: PackedBatch | None = None):
         """hidden_states: encoder input, residual_states: first layer output, both (B, L, hidden);
-        input_mask: (B, L) bool or None."""
-        out = self.conv(hidden_states.transpose(1, 2)).transpose(1, 2)
+        input_mask: (B, L) bool or None. With `packing`, both are packed (1, N, hidden) and the convolution runs per
+        sequence (per length group, padding zeroed), so that it never reads across a sequence boundary."""
+        if packing is None:
+            out = self.conv(hidden_states.transpose(1, 2)).transpose(1, 2)
+        else:
+            out = grouped_attention(packing, self._convolve_group, hidden_states)
         if input_mask is not None:
             out = out.masked_fill(~input_mask[..., None], 0.0)
         out = self.conv_act(self.dropout(out))
@@ -621,6 +1012,11 @@ class DebertaConvLayer(nn.Module):
         if input_mask is not None:
             output = output * input_mask[..., None].to(output.dtype)
         return output
+
+    def _convolve_group(self, group: AttentionGroup, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The convolution of one length group, (rows, width, hidden), its padding slots zeroed as padded tokens are."""
+        hidden_states = hidden_states * group.key_mask[..., None].to(hidden_states.dtype)
+        return self.conv(hidden_states.transpose(1, 2)).transpose(1, 2)
 
 
 class DebertaEncoder(nn.Module):
@@ -670,6 +1066,7 @@ class DebertaEncoder(nn.Module):
     ) -> BaseModelOutput:
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
+        packing = positions.packing if isinstance(positions, PackedPositions) else None
         rel_embeddings = self.get_rel_embedding(positions)
         embedding_output = hidden_states
         for i, layer_module in enumerate(self.layer):
@@ -682,7 +1079,7 @@ class DebertaEncoder(nn.Module):
                 **kwargs,
             )
             if i == 0 and hasattr(self, "conv"):
-                hidden_states = self.conv(embedding_output, hidden_states, input_mask)
+                hidden_states = self.conv(embedding_output, hidden_states, input_mask, packing)
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
@@ -864,10 +1261,17 @@ class DebertaModel(DebertaPreTrainedModel):
             absolute_positions=hasattr(self.embeddings, "position_embeddings"),
         )
         device = input_ids.device if input_ids is not None else inputs_embeds.device
-        seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        shape = tuple((input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        packing = self.plan_packing(shape, attention_mask, position_ids, output_attentions, kwargs, device)
+        if packing is not None:
+            output = self._packed_forward(
+                packing, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states, **kwargs
+            )
+            return output if return_dict else output.to_tuple()
+
+        seq_len = shape[1]
         if position_ids is None and config.position_biased_input:
             position_ids = torch.arange(seq_len, device=device)[None]
-
         input_mask, mask = attention_masks(attention_mask, device)
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, input_mask, inputs_embeds)
         output = self.encoder(
@@ -880,6 +1284,65 @@ class DebertaModel(DebertaPreTrainedModel):
             **kwargs,
         )
         return output if return_dict else output.to_tuple()
+
+    def plan_packing(
+        self, shape, attention_mask, position_ids, output_attentions, kwargs, device
+    ) -> PackedBatch | None:
+        """`plan_packing` for this pass, with what rules packing out here; pops the flattened-batch keywords
+        (`cu_seq_lens_q/k`, `max_length_q/k`, as `DataCollatorWithFlattening` emits them) from `kwargs`."""
+        cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
+        cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)
+        kwargs.pop("max_length_q", None)
+        kwargs.pop("max_length_k", None)
+        if cu_seq_lens is None:
+            cu_seq_lens = cu_seq_lens_k
+        elif cu_seq_lens_k is not None and not torch.equal(cu_seq_lens.to(cu_seq_lens_k), cu_seq_lens_k):
+            raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ: self-attention needs the same sequences")
+        blocker = None
+        if output_attentions:
+            blocker = "output_attentions=True (attention weights exist only as a padded (B, H, L, L) tensor)"
+        elif attention_mask is not None and attention_mask.dim() == 3:
+            blocker = "a 3D attention_mask (pass the 2D padding mask to run padding-free)"
+        return plan_packing(self.config, shape, attention_mask, position_ids, cu_seq_lens, blocker, device)
+
+    def _packed_forward(
+        self,
+        packing: PackedBatch,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        inputs_embeds,
+        output_hidden_states,
+        **kwargs,
+    ) -> BaseModelOutput:
+        """The encoder on the real tokens only, packed into one (1, N) row; outputs restored to the input's layout
+        (`PackedBatch.restore`). A (1, L) token_type_ids or position_ids broadcast over the batch first."""
+        grid = (packing.rows, packing.width)
+        if token_type_ids is not None:
+            token_type_ids = packing.pack(token_type_ids if packing.flattened else token_type_ids.expand(grid))
+        if position_ids is not None:
+            position_ids = packing.pack(position_ids if packing.flattened else position_ids.expand(grid))
+        elif hasattr(self.embeddings, "position_embeddings"):
+            position_ids = packing.position_ids()
+        input_ids = packing.pack(input_ids) if input_ids is not None else None
+        inputs_embeds = packing.pack(inputs_embeds) if inputs_embeds is not None else None
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, None, inputs_embeds)
+        device = hidden_states.device
+        output = self.encoder(
+            hidden_states,
+            packed_positions(packing, self.config, device),
+            None,
+            None,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        hidden = output.hidden_states
+        output = BaseModelOutput(
+            last_hidden_state=packing.restore(output.last_hidden_state),
+            hidden_states=tuple(packing.restore(h) for h in hidden) if hidden is not None else None,
+        )
+        output.packing = packing  # for the heads; an attribute, not a field: tuples keep their layout
+        return output
 
 
 # ---------------------------------------------------------------------------------------------------------------------
