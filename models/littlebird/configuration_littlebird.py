@@ -25,6 +25,7 @@ AUTO_MAP = {
 }
 
 BIALIBI_INITS = ("alibi",)
+UNPAD_MODES = ("auto", "always", "never")
 
 # The paper's two sizes (Table 1); block and pack length 64 for both.
 PRESETS = {
@@ -73,6 +74,13 @@ class LittleBirdConfig(PreTrainedConfig):
         bialibi_init (`str` or `float`, defaults to `"alibi"`): initial value of the BiALiBi slopes alpha, beta and
             gamma of each head. `"alibi"` gives head `h = 1..H` the ALiBi slope `2^(-8h/H)`; a non-negative number
             gives every head that value.
+        unpad_inputs (`str`, defaults to `"auto"`): padding-free execution of padded batches. `"auto"` runs the
+            embeddings, projections, feed-forward blocks and LayerNorms on the real tokens only when the 2D
+            attention_mask holds right padding (the attentions stay per example: blocks, BiALiBi, pack states), and
+            the padded path otherwise, or when `output_attentions` or padding between real tokens (Padding Insertion)
+            rules packing out; `"always"` packs every pass and raises where it cannot; `"never"` keeps the padded
+            path. Outputs at real tokens are the same in every mode. A flattened batch (DataCollatorWithFlattening:
+            one row, position_ids restarting at 0 per sequence) is always run packed, one sequence at a time.
     """
 
     model_type = "littlebird"
@@ -92,6 +100,7 @@ class LittleBirdConfig(PreTrainedConfig):
     block_size: int = 64
     pack_length: int = 64
     bialibi_init: str | float = "alibi"
+    unpad_inputs: str = "auto"
     tie_word_embeddings: bool = True
     is_decoder: bool = False
     add_cross_attention: bool = False
@@ -151,6 +160,8 @@ class LittleBirdConfig(PreTrainedConfig):
             raise ValueError(
                 f"LittleBirdConfig.bialibi_init must be one of {BIALIBI_INITS} or a number >= 0, got {init!r}"
             )
+        if self.unpad_inputs not in UNPAD_MODES:
+            raise ValueError(f"LittleBirdConfig.unpad_inputs must be one of {UNPAD_MODES}, got {self.unpad_inputs!r}")
         if self.is_decoder or self.add_cross_attention:
             raise ValueError(
                 "LittleBirdConfig.is_decoder / add_cross_attention must be False: LittleBird is a bidirectional "
@@ -158,4 +169,4 @@ class LittleBirdConfig(PreTrainedConfig):
             )
 
 
-__all__ = ["AUTO_MAP", "PRESETS", "LittleBirdConfig"]
+__all__ = ["AUTO_MAP", "PRESETS", "UNPAD_MODES", "LittleBirdConfig"]

@@ -22,6 +22,7 @@ encoder, pre-trained base, base model, heads. This file imports only torch, tran
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -331,6 +332,335 @@ def unpack_sliding_window_attention(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Padding-free execution: the dense layers on the real tokens as one (1, N) row, the attention per example
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+# Copied from posformers.roformer.modeling_roformer.PackedBatch
+@dataclass
+class PackedBatch:
+    """Where the N real tokens of a batch live, for running a model on (1, N, ...) tensors instead of (B, L, ...).
+
+    Two inputs give one: a padded batch with a right-padded 2D attention mask (`pack_padded`), or a flattened batch in
+    transformers' padding-free format, one row whose `position_ids` restart at 0 for every sequence (`pack_flattened`,
+    as `DataCollatorWithFlattening` builds it). Either way the packed row holds the sequences one after another, and
+    `indices` says where each token sits in the `(rows, width)` grid of the padded layout.
+
+    indices: (N,) long, flat position `row * width + column` of every real token in the grid.
+    cu_seqlens: (rows + 1,) int32, where each sequence starts in the packed row (flash-attention's varlen layout).
+    lengths: the rows' lengths as Python ints (0 for a row that is all padding).
+    flattened: the input came flattened, so outputs stay (1, N, ...) instead of going back to (rows, width, ...).
+    """
+
+    indices: torch.Tensor
+    cu_seqlens: torch.Tensor
+    lengths: list[int]
+    width: int
+    flattened: bool = False
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(self.lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.indices.shape[0])
+
+    def position_ids(self) -> torch.Tensor:
+        """(1, N) position of every token within its own sequence: 0, 1, 2, ... restarting per sequence."""
+        return (self.indices % self.width)[None]
+
+    def varlen_kwargs(self) -> dict:
+        """The keyword arguments transformers' flash-attention integration reads for a packed (1, N) batch."""
+        return {
+            "cu_seq_lens_q": self.cu_seqlens,
+            "cu_seq_lens_k": self.cu_seqlens,
+            "max_length_q": self.max_seqlen,
+            "max_length_k": self.max_seqlen,
+        }
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """(rows, width, ...) grid -> (1, N, ...) real tokens. A flattened batch's tensors are already packed."""
+        if self.flattened:
+            return tensor
+        return tensor.flatten(0, 1).index_select(0, self.indices)[None]
+
+    def unpack(self, tensor: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """(1, N, ...) -> (rows, width, ...), `fill` at padded positions (differentiable)."""
+        grid = tensor.new_full((self.rows * self.width, *tensor.shape[2:]), fill)
+        return grid.index_copy(0, self.indices, tensor[0]).view(self.rows, self.width, *tensor.shape[2:])
+
+    def restore(self, tensor: torch.Tensor) -> torch.Tensor:
+        """(1, N, ...) -> the layout the input came in: (1, N, ...) for a flattened batch, else the padded grid with
+        zeros at padded positions."""
+        return tensor if self.flattened else self.unpack(tensor)
+
+    def first_tokens(self, tensor: torch.Tensor) -> torch.Tensor:
+        """(1, N, ...) -> (rows, ...): each sequence's first token; zeros for a row that is all padding."""
+        starts = self.cu_seqlens[:-1].long().clamp_max(max(self.num_tokens - 1, 0))
+        first = tensor[0].index_select(0, starts)
+        if 0 in self.lengths:
+            empty = torch.tensor([n == 0 for n in self.lengths], device=tensor.device)
+            first = first.masked_fill(empty.view(-1, *[1] * (first.dim() - 1)), 0.0)
+        return first
+
+    def groups(self, multiple_of: int = 1) -> list["AttentionGroup"]:
+        """The sequences in groups of similar length, each to be attended as a (group rows, group width) padded batch;
+        cached per `multiple_of`."""
+        cache = self.__dict__.setdefault("_groups", {})
+        if multiple_of not in cache:
+            cache[multiple_of] = attention_groups(self, multiple_of)
+        return cache[multiple_of]
+
+
+# Copied from posformers.roformer.modeling_roformer.AttentionGroup
+@dataclass
+class AttentionGroup:
+    """Sequences of similar length attended together as a padded (rows, width) batch.
+
+    gather: (rows * width,) long, the packed token at each grid slot (padding slots repeat a real token; the key mask
+    hides them and their outputs are dropped).
+    key_mask: (rows, width) bool, True at real tokens.
+    slots: (n,) long, the grid slots of this group's real tokens, in packed order.
+    tokens: (n,) long, the packed positions of those tokens.
+    """
+
+    rows: int
+    width: int
+    gather: torch.Tensor
+    key_mask: torch.Tensor
+    slots: torch.Tensor
+    tokens: torch.Tensor
+
+
+# Cost model of one group for `attention_groups`, in units of one query-key pair: every slot of the padded group costs
+# its width (scores) plus a constant (projections into and out of the group), and each group a fixed overhead (kernel
+# launches, gathers): small on a CPU, where a pair costs tens of nanoseconds, large on a GPU, where a launch costs
+# what ~10^5 pairs do. Only the split depends on it; any split gives the same outputs.
+GROUP_SLOT_COST = 64
+GROUP_OVERHEAD = {"cpu": 4096}
+GROUP_OVERHEAD_ACCELERATOR = 262144
+
+
+# Copied from posformers.roformer.modeling_roformer.attention_groups
+def attention_groups(packing: PackedBatch, multiple_of: int = 1) -> list[AttentionGroup]:
+    """Split the non-empty sequences into length groups (sorted by length, cut where the cost model says padding to
+    one width wastes more than another group costs) and index each group's padded layout. Widths are rounded up to
+    `multiple_of` (a block size)."""
+    device = packing.indices.device
+    overhead = GROUP_OVERHEAD.get(device.type, GROUP_OVERHEAD_ACCELERATOR)
+    order = sorted((i for i, n in enumerate(packing.lengths) if n > 0), key=lambda i: -packing.lengths[i])
+    widths = [-(-packing.lengths[i] // multiple_of) * multiple_of for i in order]
+    # best[j]: cheapest cost of the first j sequences; cut[j]: where its last group starts.
+    best, cut = [0.0] + [math.inf] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for start in range(end):
+            width = widths[start]
+            cost = best[start] + (end - start) * width * (width + GROUP_SLOT_COST) + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    bounds, end = [], len(order)
+    while end > 0:
+        bounds.append((cut[end], end))
+        end = cut[end]
+    lengths = torch.tensor(packing.lengths, device=device)
+    groups = []
+    for start, end in reversed(bounds):
+        members, width = torch.tensor(order[start:end], device=device), widths[start]
+        columns = torch.arange(width, device=device)
+        key_mask = columns < lengths[members, None]
+        gather = packing.cu_seqlens[members, None].long() + torch.where(key_mask, columns, 0)
+        slots = key_mask.flatten().nonzero().squeeze(-1)
+        groups.append(
+            AttentionGroup(
+                rows=len(members),
+                width=width,
+                gather=gather.flatten(),
+                key_mask=key_mask,
+                slots=slots,
+                tokens=gather.flatten().index_select(0, slots),
+            )
+        )
+    return groups
+
+
+# Copied from posformers.roformer.modeling_roformer.grouped_attention
+def grouped_attention(
+    packing: PackedBatch,
+    attend: Callable[..., torch.Tensor],
+    *tensors: torch.Tensor,
+    multiple_of: int = 1,
+) -> torch.Tensor:
+    """Run `attend(group, *padded)` on every length group and put its outputs back in packed order.
+
+    tensors: (1, N, ...) packed; `attend` gets each as a (group.rows, group.width, ...) padded batch, with
+    `group.key_mask`, and returns (group.rows, group.width, ...). Returns (1, N, ...). One group holding every
+    sequence at the batch's own width is exactly the padded computation.
+    """
+    outputs, token_order = [], []
+    for group in packing.groups(multiple_of):
+        padded = [t[0].index_select(0, group.gather).view(group.rows, group.width, *t.shape[2:]) for t in tensors]
+        output = attend(group, *padded)
+        outputs.append(output.flatten(0, 1).index_select(0, group.slots))
+        token_order.append(group.tokens)
+    if not outputs:  # every row is padding
+        return tensors[0].new_zeros((1, 0, *tensors[0].shape[2:]))
+    if len(outputs) == 1:
+        output, tokens = outputs[0], token_order[0]
+    else:
+        output, tokens = torch.cat(outputs), torch.cat(token_order)
+    inverse = torch.empty_like(tokens)
+    inverse[tokens] = torch.arange(tokens.numel(), device=tokens.device)
+    return output.index_select(0, inverse)[None]
+
+
+# Copied from posformers.roformer.modeling_roformer.pack_padded
+def pack_padded(attention_mask: torch.Tensor) -> PackedBatch:
+    """The packing of a right-padded batch from its (B, L) attention mask (1 = real token). The caller checks that the
+    mask is right-padded (`is_right_padded`)."""
+    mask = attention_mask.bool()
+    lengths = mask.sum(-1)
+    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+    indices = mask.flatten().nonzero().squeeze(-1)
+    return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths.tolist(), width=mask.shape[1])
+
+
+# Copied from posformers.roformer.modeling_roformer.is_right_padded
+def is_right_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether every row of a (B, L) mask is real tokens followed by padding only (no left padding, no holes)."""
+    mask = attention_mask.bool()
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())
+
+
+# Copied from posformers.roformer.modeling_roformer.flattened_restarts
+def flattened_restarts(position_ids: torch.Tensor | None, input_rows: int) -> bool:
+    """Whether the input is a flattened batch: one row whose position_ids restart at 0 after its first token."""
+    return (
+        position_ids is not None
+        and input_rows == 1
+        and position_ids.dim() == 2
+        and position_ids.shape[1] > 1
+        and bool((position_ids[0, 1:] == 0).any())
+    )
+
+
+# Copied from posformers.roformer.modeling_roformer.pack_flattened
+def pack_flattened(position_ids: torch.Tensor, attention_mask=None, cu_seq_lens=None) -> PackedBatch:
+    """The packing of a flattened batch from its (1, N) position_ids, which must count 0, 1, 2, ... within every
+    sequence. An attention mask, if given, must be all ones, and `cu_seq_lens` (cu_seq_lens_q/k) must agree."""
+    positions = position_ids[0]
+    if attention_mask is not None and not bool(attention_mask.bool().all()):
+        raise ValueError(
+            "position_ids restart at 0 (a flattened batch), but attention_mask marks padding: a flattened batch has "
+            "no padding; pass either a padded batch with attention_mask or a flattened one with position_ids"
+        )
+    starts = (positions == 0).nonzero().squeeze(-1)
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        raise ValueError("position_ids of a flattened batch must start at 0 for its first sequence")
+    sequence = torch.cumsum(positions == 0, 0) - 1
+    expected = torch.arange(positions.numel(), device=positions.device) - starts[sequence]
+    wrong = (positions != expected).nonzero()
+    if wrong.numel():
+        index = int(wrong[0])
+        raise ValueError(
+            f"position_ids of a flattened batch must count 0, 1, 2, ... within each sequence and restart at 0; "
+            f"got {int(positions[index])} at index {index} where {int(expected[index])} was expected"
+        )
+    cu_seqlens = F.pad(starts.to(torch.int32), (0, 1), value=positions.numel())
+    if cu_seq_lens is not None and not torch.equal(cu_seq_lens.to(cu_seqlens), cu_seqlens):
+        raise ValueError(
+            f"cu_seq_lens_q/cu_seq_lens_k {cu_seq_lens.tolist()} contradict the sequence starts in position_ids "
+            f"{cu_seqlens.tolist()}"
+        )
+    lengths = cu_seqlens.diff().tolist()
+    width = max(lengths)
+    indices = sequence * width + positions
+    return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths, width=width, flattened=True)
+
+
+# Copied from posformers.roformer.modeling_roformer.plan_packing
+def plan_packing(
+    config,
+    shape: tuple[int, int],
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    cu_seq_lens: torch.Tensor | None = None,
+    blocker: str | None = None,
+    device: torch.device | None = None,
+) -> PackedBatch | None:
+    """How this forward pass runs: a PackedBatch for the padding-free path, or None for the padded one.
+
+    A flattened batch (`position_ids` restarting at 0 in a single row, or `cu_seq_lens_q` given) is always packed: no
+    other reading of it keeps its sequences apart. A padded batch follows `config.unpad_inputs`: "never" keeps the
+    padded path; "auto" packs when the 2D mask holds padding and nothing rules packing out; "always" packs every pass
+    and raises when something does. `blocker` names what in this pass rules it out (a KV cache, output_attentions...).
+    """
+    if cu_seq_lens is not None or flattened_restarts(position_ids, shape[0]):
+        if blocker is not None:
+            raise ValueError(
+                f"position_ids restart at 0 (a flattened batch), which this forward pass cannot take: {blocker}"
+            )
+        if position_ids is None:
+            raise ValueError(
+                "cu_seq_lens_q describes a flattened batch; pass its position_ids too (0, 1, 2, ... per sequence)"
+            )
+        return pack_flattened(position_ids, attention_mask, cu_seq_lens)
+    mode = config.unpad_inputs
+    if mode == "never":
+        return None
+    if attention_mask is not None and attention_mask.dim() != 2:
+        blocker = blocker or "a 4D attention_mask (pass the 2D padding mask to run padding-free)"
+    elif attention_mask is not None and not is_right_padded(attention_mask):
+        blocker = blocker or "attention_mask is not right-padded (left padding or holes); pad on the right"
+    if mode == "always":
+        if blocker is not None:
+            raise ValueError(f"config.unpad_inputs='always' but this forward pass cannot run padding-free: {blocker}")
+        if attention_mask is None:
+            return pack_padded(torch.ones(shape, dtype=torch.bool, device=device))
+        return pack_padded(attention_mask)
+    if blocker is not None or attention_mask is None or bool(attention_mask.bool().all()):
+        return None
+    return pack_padded(attention_mask)
+
+
+@dataclass
+class PackedLayout:
+    """What a packed forward pass (`PackedBatch`) needs in every layer: the length groups its sequences are attended
+    in, each with its `BlockSparseLayout` and the batch rows it holds; built once per forward pass.
+
+    The block pattern, BiALiBi and the pack attention stay per example, so each group is attended as the padded batch
+    of its sequences, at a width rounded up to whole blocks: what the padded path computes for those rows alone, and
+    the same at their real tokens (a real token's output does not depend on the padding after it, see
+    `window_key_blocks`). Pack states stay (rows, s, d) in the batch's row order; groups hold rows in length order.
+
+    layouts: `id(group)` -> (rows (group.rows,) long: the batch rows in the group's order, the group's layout).
+    """
+
+    packing: PackedBatch
+    block_size: int
+    layouts: dict[int, tuple[torch.Tensor, BlockSparseLayout]]
+
+    @classmethod
+    def build(cls, packing: PackedBatch, block_size: int, pack_length: int, dtype, device) -> "PackedLayout":
+        layouts = {}
+        starts = packing.cu_seqlens.long()
+        for group in packing.groups(block_size):
+            # A group row's first slot holds its sequence's first token; the last start at or before it is the row
+            # (rows of padding only share a start with the next row and are in no group).
+            first_tokens = group.gather.view(group.rows, group.width)[:, 0].contiguous()
+            rows = torch.searchsorted(starts, first_tokens, right=True) - 1
+            layout = BlockSparseLayout.build(
+                group.key_mask, group.rows, group.width, block_size, pack_length, dtype=dtype, device=device
+            )
+            layouts[id(group)] = (rows, layout)
+        return cls(packing=packing, block_size=block_size, layouts=layouts)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Embeddings
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -387,16 +717,20 @@ class LittleBirdPackAttention(nn.Module):
     def forward(self, pack_states, hidden_states, key_mask, output_attentions=False, **kwargs):
         """pack_states: (B, s, d); hidden_states: (B, L, d); key_mask: (B, 1, 1, L) additive or None. `**kwargs` are
         accepted and unused: the kernels take none."""
-        batch, pack_length, _ = pack_states.shape
+        pack_context, weights = self.attend(
+            self.query(pack_states), self.key(hidden_states), self.value(hidden_states), key_mask, output_attentions
+        )
+        return pack_context, self.update(pack_context, pack_states), weights
+
+    def attend(self, query, key, value, key_mask, output_attentions=False):
+        """The attention and output projection, given the projections: query (B, s, d) of the pack states, key and
+        value (B, L, d) of the tokens -> Cp (B, s, d), weights or None."""
+        batch, pack_length, _ = query.shape
 
         def heads(states):  # (B, l, d) -> (B, H, l, d_h)
             return states.view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)
 
-        query, key, value = (
-            heads(self.query(pack_states)),
-            heads(self.key(hidden_states)),
-            heads(self.value(hidden_states)),
-        )
+        query, key, value = heads(query), heads(key), heads(value)
         dropout = self.attention_dropout if self.training else 0.0
         weights = None
         if output_attentions:
@@ -409,9 +743,11 @@ class LittleBirdPackAttention(nn.Module):
             # The mask is the dtype's most negative finite value, not -inf: a sequence that is all padding gets
             # finite (uniform) weights instead of NaN.
             context = F.scaled_dot_product_attention(query, key, value, attn_mask=key_mask, dropout_p=dropout)
-        pack_context = self.dense(context.transpose(1, 2).reshape(batch, pack_length, -1))
-        new_pack_states = self.LayerNorm(self.dropout(pack_context) + pack_states)
-        return pack_context, new_pack_states, weights
+        return self.dense(context.transpose(1, 2).reshape(batch, pack_length, -1)), weights
+
+    def update(self, pack_context, pack_states):
+        """P' = LayerNorm(Cp + P), the next layer's pack states."""
+        return self.LayerNorm(self.dropout(pack_context) + pack_states)
 
 
 class LittleBirdSelfAttention(nn.Module):
@@ -437,14 +773,25 @@ class LittleBirdSelfAttention(nn.Module):
     def forward(self, hidden_states, pack_context, layout: BlockSparseLayout, output_attentions=False, **kwargs):
         """hidden_states: (B, L, d); pack_context: Cp (B, s, d) -> context (B, L, d), weights or None. `**kwargs` are
         accepted and unused: the kernel takes none."""
+        return self.attend(
+            self.query(hidden_states),
+            self.key(hidden_states),
+            self.value(hidden_states),
+            pack_context,
+            layout,
+            output_attentions,
+        )
+
+    def attend(self, query, key, value, pack_context, layout: BlockSparseLayout, output_attentions=False):
+        """The attention, given the tokens' projections query, key, value (B, L, d) -> context (B, L, d), weights."""
 
         def heads(states):
             return states.view(*states.shape[:2], self.num_heads, self.head_dim)
 
         context, weights = unpack_sliding_window_attention(
-            heads(self.query(hidden_states)),
-            heads(self.key(hidden_states)),
-            heads(self.value(hidden_states)),
+            heads(query),
+            heads(key),
+            heads(value),
             heads(self.key(pack_context)),
             heads(self.value(pack_context)),
             self.alpha,
@@ -455,7 +802,7 @@ class LittleBirdSelfAttention(nn.Module):
             dropout=self.attention_dropout if self.training else 0.0,
             need_weights=output_attentions,
         )
-        return context.reshape(*hidden_states.shape), weights
+        return context.reshape(query.shape), weights
 
 
 # The output projection exists so that a BERT/RoBERTa self-attention maps onto USWAttn one to one [choice].
@@ -529,16 +876,61 @@ class LittleBirdLayer(GradientCheckpointingLayer):
         self.output = LittleBirdOutput(config)
         self.feed_forward_chunk = max(1, FEED_FORWARD_CHUNK_ELEMENTS // config.intermediate_size)
 
-    def forward(self, hidden_states, pack_states, layout: BlockSparseLayout, output_attentions=False, **kwargs):
-        pack_context, pack_states, pack_weights = self.pack_attention(
-            pack_states, hidden_states, layout.pack_key_mask, output_attentions, **kwargs
-        )
-        attention_output, weights = self.attention(hidden_states, pack_context, layout, output_attentions, **kwargs)
+    def forward(
+        self, hidden_states, pack_states, layout: BlockSparseLayout | PackedLayout, output_attentions=False, **kwargs
+    ):
+        """hidden_states: (B, L, d) with a `BlockSparseLayout`, or the real tokens packed into (1, N, d) with a
+        `PackedLayout`; pack_states: (B or rows, s, d)."""
+        if isinstance(layout, PackedLayout):
+            context, pack_context = self.packed_attention(hidden_states, pack_states, layout)
+            pack_states = self.pack_attention.update(pack_context, pack_states)
+            attention_output, weights, pack_weights = self.attention.output(context, hidden_states), None, None
+        else:
+            pack_context, pack_states, pack_weights = self.pack_attention(
+                pack_states, hidden_states, layout.pack_key_mask, output_attentions, **kwargs
+            )
+            attention_output, weights = self.attention(hidden_states, pack_context, layout, output_attentions, **kwargs)
         tokens = attention_output.flatten(0, 1)
         layer_output = torch.cat(
             [self.output(self.intermediate(chunk), chunk) for chunk in tokens.split(self.feed_forward_chunk)]
         )
         return layer_output.view_as(attention_output), pack_states, weights, pack_weights
+
+    def packed_attention(self, hidden_states, pack_states, layout: PackedLayout):
+        """Both attentions of a packed pass: every projection on the real tokens (1, N, d), the attentions per length
+        group of sequences (`grouped_attention`), each group as the padded batch of its rows.
+
+        Returns the USWAttn context (1, N, d), before its output projection, and Cp (rows, s, d) in the batch's row
+        order. A row of padding only is in no group: its Cp is zero, so its pack states go through the LayerNorms
+        alone (the padded path attends its padding; either way nothing reads them).
+        """
+        pack_attention, attention = self.pack_attention, self.attention.self
+        pack_query = pack_attention.query(pack_states)
+        pack_contexts = []
+
+        def attend(group, pack_key, pack_value, query, key, value):
+            rows, group_layout = layout.layouts[id(group)]
+            pack_context, _ = pack_attention.attend(
+                pack_query.index_select(0, rows), pack_key, pack_value, group_layout.pack_key_mask
+            )
+            pack_contexts.append((rows, pack_context))
+            return attention.attend(query, key, value, pack_context, group_layout)[0]
+
+        context = grouped_attention(
+            layout.packing,
+            attend,
+            pack_attention.key(hidden_states),
+            pack_attention.value(hidden_states),
+            attention.query(hidden_states),
+            attention.key(hidden_states),
+            attention.value(hidden_states),
+            multiple_of=layout.block_size,
+        )
+        pack_context = pack_states.new_zeros(pack_states.shape)
+        if pack_contexts:
+            rows, contexts = zip(*pack_contexts, strict=True)
+            pack_context = pack_context.index_copy(0, torch.cat(rows), torch.cat(contexts).to(pack_context.dtype))
+        return context, pack_context
 
 
 @dataclass
@@ -608,6 +1000,9 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
     base_model_prefix = "littlebird"
     supports_gradient_checkpointing = True
     _no_split_modules = ["LittleBirdLayer"]
+    # Flattened batches (transformers' DataCollatorWithFlattening) run as they are: the attention is per sequence in
+    # every packed pass, so each flattened sequence gets its own blocks, BiALiBi positions and pack states.
+    accepts_flattened_batches = True
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -714,29 +1109,55 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        packing: PackedBatch | None = None,
         **kwargs,
     ) -> LittleBirdModelOutput | tuple:
+        """`position_ids` only mark a flattened batch (one row whose positions restart at 0 per sequence, with the
+        `cu_seq_lens_q/k` and `max_length_q/k` of DataCollatorWithFlattening, popped from `kwargs`): LittleBird's
+        positions are the token indices. `packing` is the plan of `packing_for`, given by the heads that read it.
+
+        Padding-free execution (`config.unpad_inputs`): embeddings, projections, feed-forward blocks and LayerNorms run
+        on the real tokens as one (1, N, d) row; the attentions run per example (`LittleBirdLayer.packed_attention`).
+        `last_hidden_state` and `hidden_states` come back as the input came: (B, L, d) with zeros at padded positions,
+        or (1, N, d) for a flattened batch; `pack_states` are (B, s, d), or (num_sequences, s, d) for a flattened batch.
+        """
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         return_dict = return_dict if return_dict is not None else config.return_dict
-        _check_inputs(config, input_ids, inputs_embeds, attention_mask, token_type_ids)
+        if packing is None:  # else the head that planned it checked the inputs
+            packing = self.packing_for(
+                input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
+            )
 
+        if packing is not None:
+            shape = _input_shape(input_ids, inputs_embeds, config.hidden_size)
+            if token_type_ids is not None:
+                token_type_ids = packing.pack(token_type_ids.expand(shape))
+            input_ids = packing.pack(input_ids) if input_ids is not None else None
+            inputs_embeds = packing.pack(inputs_embeds) if inputs_embeds is not None else None
         hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         batch_size, seq_len, _ = hidden_states.shape
-        layout = BlockSparseLayout.build(
-            attention_mask,
-            batch_size,
-            seq_len,
-            config.block_size,
-            config.pack_length,
-            dtype=hidden_states.dtype,
-            device=hidden_states.device,
-        )
+        if packing is None:
+            layout = BlockSparseLayout.build(
+                attention_mask,
+                batch_size,
+                seq_len,
+                config.block_size,
+                config.pack_length,
+                dtype=hidden_states.dtype,
+                device=hidden_states.device,
+            )
+        else:
+            layout = PackedLayout.build(
+                packing, config.block_size, config.pack_length, dtype=hidden_states.dtype, device=hidden_states.device
+            )
+            batch_size = packing.rows
         pack_states = self.embeddings.pack_embeddings.expand(batch_size, -1, -1)
         output = self.encoder(
             hidden_states,
@@ -746,7 +1167,45 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
             output_hidden_states=output_hidden_states,
             **kwargs,
         )
+        if packing is not None:
+            output.last_hidden_state = packing.restore(output.last_hidden_state)
+            if output_hidden_states:
+                output.hidden_states = tuple(packing.restore(states) for states in output.hidden_states)
         return output if return_dict else output.to_tuple()
+
+    def packing_for(
+        self, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs: dict
+    ) -> PackedBatch | None:
+        """How a forward pass on these inputs runs: a `PackedBatch` for the padding-free path or None (`plan_packing`).
+        Checks the inputs and pops the flattened-batch keywords (cu_seq_lens_q/k, max_length_q/k) from `kwargs`.
+
+        Blocked (padded path in "auto", an error in "always"): output_attentions, whose weights come in the padded
+        blocked layout, and padding inserted between real tokens (Padding Insertion), which `plan_packing` refuses.
+        """
+        config = self.config
+        _check_inputs(config, input_ids, inputs_embeds, attention_mask, token_type_ids)
+        shape = _input_shape(input_ids, inputs_embeds, config.hidden_size)
+        cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
+        cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)
+        kwargs.pop("max_length_q", None)
+        kwargs.pop("max_length_k", None)
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        blocker = (
+            "output_attentions=True (the weights come in the padded blocked layout)" if output_attentions else None
+        )
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        cu_seq_lens = cu_seq_lens if cu_seq_lens is not None else cu_seq_lens_k
+        packing = plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, blocker, device)
+        if position_ids is not None and not (packing is not None and packing.flattened):
+            _check_per_token("position_ids", position_ids, shape)
+            if not is_torchdynamo_compiling() and not bool(
+                (position_ids == torch.arange(shape[1], device=position_ids.device)).all()
+            ):
+                raise ValueError(
+                    "position_ids must be 0, 1, 2, ... in every row (LittleBird's positions are the token indices) "
+                    "or mark a flattened batch (one row, restarting at 0 for each sequence)"
+                )
+        return packing
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -777,6 +1236,22 @@ def _num_choices(head: nn.Module, input_ids, inputs_embeds) -> int:
 def _flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor | None:
     """(B, C, ...) -> (B * C, ...), a tensor of `dims` dimensions with the choices folded into the batch."""
     return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
+
+
+def _on_real_tokens(head, hidden_states: torch.Tensor, packing: PackedBatch | None, fill: float = 0.0):
+    """A token-level head on the real tokens only when the pass ran packed: (B, L, d) -> (B, L, ...) with `fill` at
+    padded positions (their labels are -100, so losses are unchanged); a flattened batch's (1, N, d) -> (1, N, ...)."""
+    if packing is None:
+        return head(hidden_states)
+    outputs = head(packing.pack(hidden_states))
+    return outputs if packing.flattened else packing.unpack(outputs, fill)
+
+
+def _first_tokens(hidden_states: torch.Tensor, packing: PackedBatch | None) -> torch.Tensor:
+    """Each sequence's first token ([CLS]), (B, d); (num_sequences, d) for a flattened batch."""
+    if packing is not None and packing.flattened:
+        return packing.first_tokens(hidden_states)
+    return hidden_states[:, 0]
 
 
 class LittleBirdPredictionHeadTransform(nn.Module):
@@ -841,6 +1316,7 @@ class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
         input_ids=None,
         attention_mask=None,
         token_type_ids=None,
+        position_ids=None,
         inputs_embeds=None,
         labels=None,
         output_attentions=None,
@@ -848,17 +1324,22 @@ class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> MaskedLMOutput | tuple:
+        packing = self.littlebird.packing_for(
+            input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
+        )
         outputs = self.littlebird(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
+            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            packing=packing,
             **kwargs,
         )
-        logits = self.cls(outputs.last_hidden_state)
+        logits = _on_real_tokens(self.cls, outputs.last_hidden_state, packing)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -877,8 +1358,9 @@ class LittleBirdClassificationHead(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.out_proj = nn.Linear(config.hidden_size, num_outputs)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(hidden_states[:, 0, :])
+    def forward(self, first_tokens: torch.Tensor) -> torch.Tensor:
+        """first_tokens: (B, d), the [CLS] states."""
+        x = self.dropout(first_tokens)
         x = self.dropout(torch.tanh(self.dense(x)))
         return self.out_proj(x)
 
@@ -896,6 +1378,7 @@ class LittleBirdForSequenceClassification(LittleBirdPreTrainedModel):
         input_ids=None,
         attention_mask=None,
         token_type_ids=None,
+        position_ids=None,
         inputs_embeds=None,
         labels=None,
         output_attentions=None,
@@ -903,17 +1386,22 @@ class LittleBirdForSequenceClassification(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> SequenceClassifierOutput | tuple:
+        packing = self.littlebird.packing_for(
+            input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
+        )
         outputs = self.littlebird(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
+            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            packing=packing,
             **kwargs,
         )
-        logits = self.classifier(outputs.last_hidden_state)
+        logits = self.classifier(_first_tokens(outputs.last_hidden_state, packing))
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
@@ -935,6 +1423,7 @@ class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
         input_ids=None,
         attention_mask=None,
         token_type_ids=None,
+        position_ids=None,
         inputs_embeds=None,
         labels=None,
         output_attentions=None,
@@ -943,17 +1432,30 @@ class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
         **kwargs,
     ) -> MultipleChoiceModelOutput | tuple:
         num_choices = _num_choices(self, input_ids, inputs_embeds)
+        input_ids, attention_mask = _flatten_choices(input_ids), _flatten_choices(attention_mask)
+        token_type_ids, position_ids = _flatten_choices(token_type_ids), _flatten_choices(position_ids)
+        inputs_embeds = _flatten_choices(inputs_embeds, dims=3)
+        packing = self.littlebird.packing_for(
+            input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
+        )
+        if packing is not None and packing.flattened:
+            raise ValueError(
+                "LittleBirdForMultipleChoice takes (batch, num_choices, seq_len) inputs, not a flattened batch "
+                "(position_ids restarting at 0): its choices are read as one group"
+            )
         outputs = self.littlebird(
-            _flatten_choices(input_ids),
-            attention_mask=_flatten_choices(attention_mask),
-            token_type_ids=_flatten_choices(token_type_ids),
-            inputs_embeds=_flatten_choices(inputs_embeds, dims=3),
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            packing=packing,
             **kwargs,
         )
-        logits = self.classifier(outputs.last_hidden_state).view(-1, num_choices)
+        logits = self.classifier(outputs.last_hidden_state[:, 0]).view(-1, num_choices)
         # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
         loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
         result = MultipleChoiceModelOutput(
@@ -977,6 +1479,7 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
         input_ids=None,
         attention_mask=None,
         token_type_ids=None,
+        position_ids=None,
         inputs_embeds=None,
         labels=None,
         output_attentions=None,
@@ -984,17 +1487,24 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> TokenClassifierOutput | tuple:
+        packing = self.littlebird.packing_for(
+            input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
+        )
         outputs = self.littlebird(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
+            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            packing=packing,
             **kwargs,
         )
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        logits = _on_real_tokens(
+            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, packing
+        )
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, self.config, **kwargs)
@@ -1005,7 +1515,13 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
 
 
 class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
-    """Extractive QA (the paper's task): start and end logits over the tokens."""
+    """Extractive QA (the paper's task): start and end logits over the tokens.
+
+    Where an attention_mask is given, the logits at its padded positions are the dtype's lowest value in every
+    `unpad_inputs` mode, so padding never wins a span and the loss does not depend on it. A flattened batch gets
+    per-sequence logits (num_sequences, longest sequence), lowest past each sequence's end, and takes
+    start_positions / end_positions per sequence (num_sequences,).
+    """
 
     # Copied from posformers.roformer.modeling_roformer.RoFormerForQuestionAnswering.__init__ with RoFormer->LittleBird all-casing  # noqa: E501
     def __init__(self, config: LittleBirdConfig):
@@ -1019,6 +1535,7 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
         input_ids=None,
         attention_mask=None,
         token_type_ids=None,
+        position_ids=None,
         inputs_embeds=None,
         start_positions=None,
         end_positions=None,
@@ -1027,17 +1544,28 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> QuestionAnsweringModelOutput | tuple:
+        packing = self.littlebird.packing_for(
+            input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
+        )
         outputs = self.littlebird(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
+            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            packing=packing,
             **kwargs,
         )
-        logits = self.qa_outputs(outputs.last_hidden_state)
+        hidden_states, lowest = outputs.last_hidden_state, torch.finfo(outputs.last_hidden_state.dtype).min
+        if packing is not None and packing.flattened:  # per sequence: (num_sequences, max_seqlen, 2)
+            logits = packing.unpack(self.qa_outputs(hidden_states), fill=lowest)
+        else:
+            logits = _on_real_tokens(self.qa_outputs, hidden_states, packing, fill=lowest)
+            if packing is None and attention_mask is not None:
+                logits = logits.masked_fill(~attention_mask.bool()[..., None], lowest)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
         loss = None
         if start_positions is not None and end_positions is not None:
