@@ -28,6 +28,7 @@ AUTO_MAP = {
 }
 
 ROPE_LAYOUTS = ("interleaved", "half")
+UNPAD_MODES = ("auto", "always", "never")
 NORM_TYPES = ("layer_norm", "rms_norm")
 ATTENTION_KERNELS = ("softmax", "linear")
 SUMMARY_TYPES = ("last", "first", "mean")
@@ -151,6 +152,13 @@ class RoFormerConfig(PreTrainedConfig):
             ones attend causally, and `generate` gives the tokens it generates token type 1 (UniLM-style
             seq2seq generation). Set by `posformers-convert roformer` for RoFormer-sim checkpoints; no effect on an
             encoder.
+        unpad_inputs (`str`, defaults to `"auto"`): padding-free execution. `"auto"` runs a batch whose 2D
+            attention_mask holds padding on its real tokens only (projections, FFN and norms on the packed tokens,
+            attention per sequence), and a batch without padding as it is; `"always"` packs every pass and raises
+            where a pass cannot be packed (a decoder or KV-cache pass, output_attentions, a 4D or left-padded mask);
+            `"never"` keeps the padded computation. Padded positions of `last_hidden_state` are zeros on the packed
+            path. A flattened batch (transformers' `DataCollatorWithFlattening`: one row, position_ids restarting at
+            0 per sequence) is always run per sequence, whatever this says.
     """
 
     model_type = "posformers-roformer"
@@ -188,6 +196,7 @@ class RoFormerConfig(PreTrainedConfig):
     add_pooling_layer: bool = False
     pooler_activation: str = "tanh"
     bidirectional_prompt: bool = False
+    unpad_inputs: str = "auto"
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # a transformers "roformer" config.json becomes ours, see get_config_dict
@@ -245,6 +254,7 @@ class RoFormerConfig(PreTrainedConfig):
             ("norm_type", NORM_TYPES),
             ("attention_kernel", ATTENTION_KERNELS),
             ("summary_type", SUMMARY_TYPES),
+            ("unpad_inputs", UNPAD_MODES),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"RoFormerConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")

@@ -636,8 +636,11 @@ class RoFormerSelfAttention(nn.Module):
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
         is_causal: bool | None = None,
+        packing: PackedBatch | None = None,
         **kwargs,
     ):
+        """hidden_states: (B, L, hidden), or (1, N, hidden) packed tokens when `packing` is given (padding-free path:
+        rotation from the packed position_ids, then attention per sequence)."""
         batch_size, seq_len, _ = hidden_states.shape
         is_causal = self.is_causal if is_causal is None else is_causal
         head_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
@@ -649,6 +652,8 @@ class RoFormerSelfAttention(nn.Module):
         cos, sin = position_embeddings
 
         if self.linear_kernel:
+            if packing is not None:
+                return self._packed_linear_forward(query, key, value, cos, sin, packing), None
             return self._linear_forward(
                 query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions, is_causal
             )
@@ -658,6 +663,8 @@ class RoFormerSelfAttention(nn.Module):
         if self.rotary_value:
             value = apply_rotary(value, cos, sin, self.config.rope_layout)
         value = value.transpose(1, 2)
+        if packing is not None:
+            return self._packed_forward(query, key, value, packing, **kwargs), None
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
 
@@ -683,6 +690,64 @@ class RoFormerSelfAttention(nn.Module):
             **kwargs,
         )
         return context.reshape(batch_size, seq_len, -1), weights
+
+    def _packed_forward(self, query, key, value, packing: PackedBatch, **kwargs) -> torch.Tensor:
+        """Softmax attention of each sequence over its own tokens. query/key/value: (1, H, N, D) packed, rotated ->
+        (1, N, H * D). A flash-attention implementation takes the packed row with the sequences' boundaries
+        (varlen); the others attend length groups of sequences as padded batches with a boolean key mask (sdpa
+        kernels where the implementation is not eager)."""
+        implementation = self.config._attn_implementation or "eager"
+        dropout = self.attention_dropout if self.training else 0.0
+        if "flash" in implementation:
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+            context, _ = attention_interface(
+                self,
+                query,
+                key,
+                value,
+                None,
+                scaling=self.scaling,
+                dropout=dropout,
+                is_causal=False,
+                **packing.varlen_kwargs(),
+                **kwargs,
+            )
+            return context.reshape(1, query.shape[2], -1)
+        attention_interface = eager_attention_forward
+        if implementation != "eager":
+            attention_interface = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+        def attend(group, group_query, group_key, group_value):  # (rows, width, H, D) each
+            context, _ = attention_interface(
+                self,
+                group_query.transpose(1, 2),
+                group_key.transpose(1, 2),
+                group_value.transpose(1, 2),
+                group.key_mask[:, None, None, :],
+                scaling=self.scaling,
+                dropout=dropout,
+                is_causal=False,
+            )
+            return context.flatten(-2)
+
+        return grouped_attention(packing, attend, *(t.transpose(1, 2) for t in (query, key, value)))
+
+    def _packed_linear_forward(self, query, key, value, cos, sin, packing: PackedBatch) -> torch.Tensor:
+        """Linear attention of each sequence over its own tokens: the key summary of eq. (19) is per sequence, so
+        each length group is attended as a padded batch with its key mask. (1, N, H, D) packed -> (1, N, H * D)."""
+        query_features, key_features = elu_feature_map(query), elu_feature_map(key)
+        rotated_query = apply_rotary(query_features, cos, sin, self.config.rope_layout)
+        rotated_key = apply_rotary(key_features, cos, sin, self.config.rope_layout)
+        if self.rotary_value:
+            value = apply_rotary(value, cos, sin, self.config.rope_layout)
+
+        def attend(group, *padded):  # (rows, width, H, D) each
+            context, _ = linear_attention(
+                *(t.transpose(1, 2) for t in padded), group.key_mask, causal=False, need_weights=False
+            )
+            return context.flatten(-2)
+
+        return grouped_attention(packing, attend, query_features, key_features, rotated_query, rotated_key, value)
 
     def _linear_forward(
         self, query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions, is_causal
@@ -814,6 +879,9 @@ class RoFormerPreTrainedModel(PreTrainedModel):
     config_class = RoFormerConfig
     config: RoFormerConfig
     base_model_prefix = "roformer"
+    # Flattened batches (DataCollatorWithFlattening: position_ids restarting per sequence) run per sequence; only
+    # multiple choice and the causal LM refuse them.
+    accepts_flattened_batches = True
     supports_gradient_checkpointing = True
     _no_split_modules = ["RoFormerLayer"]
     # With device_map="auto", accelerate's hooks must hand the KV cache object to each layer as it is, not move it.
@@ -881,7 +949,8 @@ def _check_index_ranges(checks) -> None:
 def _check_inputs(
     config: RoFormerConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, past_length: int
 ):
-    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch."""
+    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch; returns the
+    input's (batch, seq_len)."""
     shape = _input_shape(input_ids, inputs_embeds, config.embedding_size)
     if attention_mask is not None and attention_mask.dim() == 2:
         expected = (shape[0], past_length + shape[1])
@@ -905,6 +974,7 @@ def _check_inputs(
     _check_index_ranges(
         [("input_ids", input_ids, config.vocab_size), ("token_type_ids", token_type_ids, config.type_vocab_size)]
     )
+    return shape
 
 
 def is_causal_pass(config: RoFormerConfig, past_length: int) -> bool:
@@ -944,7 +1014,9 @@ def prompt_mask(config: RoFormerConfig, embeddings, attention_mask, past_key_val
 class RoFormerModelOutput(BaseModelOutputWithPastAndCrossAttentions):
     """transformers' RoFormer output plus `pooler_output` (batch, hidden_size), None unless the model has a pooler.
 
-    `pooler_output` comes last, so `to_tuple()` without a pooler is exactly transformers' RoFormer tuple.
+    `pooler_output` comes last, so `to_tuple()` without a pooler is exactly transformers' RoFormer tuple. The
+    model also sets a `packing` attribute, not a field (so tuples and keys are unchanged): the `PackedBatch` this
+    pass ran on, or None on the padded path; the heads read it to run their projections on real tokens only.
     """
 
     pooler_output: torch.FloatTensor | None = None
@@ -961,8 +1033,9 @@ class RoFormerPooler(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = ACT2FN[config.pooler_activation]
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.dense(hidden_states[:, 0]))
+    def forward(self, first_token_states: torch.Tensor) -> torch.Tensor:
+        """first_token_states: (batch or sequences, hidden), as `first_token_states` reads them."""
+        return self.activation(self.dense(first_token_states))
 
 
 class RoFormerModel(RoFormerPreTrainedModel):
@@ -1012,7 +1085,34 @@ class RoFormerModel(RoFormerPreTrainedModel):
         if not use_cache and not config.is_decoder:
             past_key_values = None
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        _check_inputs(config, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, past_length)
+        shape = _check_inputs(
+            config, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, past_length
+        )
+        cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
+        cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)
+        for name in ("max_length_q", "max_length_k"):
+            kwargs.pop(name, None)  # recomputed from the packing
+        if cu_seq_lens is not None and cu_seq_lens_k is not None and not torch.equal(cu_seq_lens, cu_seq_lens_k):
+            raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ; RoFormer self-attention needs them equal")
+        cu_seq_lens = cu_seq_lens if cu_seq_lens is not None else cu_seq_lens_k
+        blocker = kwargs.pop("unpad_blocker", None)
+        if config.is_decoder or past_key_values is not None:
+            blocker = "a decoder (config.is_decoder) or KV-cache pass runs padded"
+        elif output_attentions:
+            blocker = "output_attentions=True returns padded (batch, heads, L, L) weights"
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        packing = None
+        # a decoder reads restarting position_ids of a padded row as given (`generate` numbers left padding so)
+        decoder_padding = config.is_decoder and attention_mask is not None and not bool(attention_mask.bool().all())
+        if not decoder_padding:
+            packing = plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, blocker, device)
+        if packing is not None:
+            input_ids, inputs_embeds, token_type_ids, position_ids = (
+                packing.pack(t.expand(*shape, *t.shape[2:])) if t is not None else None
+                for t in (input_ids, inputs_embeds, token_type_ids, position_ids)
+            )
+            if position_ids is None:
+                position_ids = packing.position_ids()
 
         hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         if hasattr(self, "embeddings_project"):
@@ -1020,10 +1120,14 @@ class RoFormerModel(RoFormerPreTrainedModel):
         seq_len = hidden_states.shape[1]
         if position_ids is None:
             position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
-        position_embeddings = self.rotary_emb(position_ids, past_length + seq_len, hidden_states.dtype)
+        total_length = packing.width if packing is not None else past_length + seq_len
+        position_embeddings = self.rotary_emb(position_ids, total_length, hidden_states.dtype)
 
         causal = is_causal_pass(config, past_length)
-        mask, key_padding_mask = attention_masks(config, hidden_states, attention_mask, past_key_values, causal)
+        if packing is None:
+            mask, key_padding_mask = attention_masks(config, hidden_states, attention_mask, past_key_values, causal)
+        else:
+            mask, key_padding_mask, kwargs["packing"] = None, None, packing
         encoder_output = self.encoder(
             hidden_states,
             mask,
@@ -1036,13 +1140,22 @@ class RoFormerModel(RoFormerPreTrainedModel):
             **kwargs,
         )
         sequence_output = encoder_output.last_hidden_state
+        all_hidden_states = encoder_output.hidden_states
+        if packing is not None:
+            sequence_output = packing.restore(sequence_output)
+            if all_hidden_states is not None:
+                all_hidden_states = tuple(packing.restore(h) for h in all_hidden_states)
+        pooler_output = None
+        if self.pooler is not None:
+            pooler_output = self.pooler(first_token_states(sequence_output, packing))
         output = RoFormerModelOutput(
             last_hidden_state=sequence_output,
-            pooler_output=self.pooler(sequence_output) if self.pooler is not None else None,
+            pooler_output=pooler_output,
             past_key_values=past_key_values if use_cache else None,
-            hidden_states=encoder_output.hidden_states,
+            hidden_states=all_hidden_states,
             attentions=encoder_output.attentions,
         )
+        output.packing = packing
         return output if return_dict else output.to_tuple()
 
 
@@ -1071,6 +1184,61 @@ def _num_choices(head: nn.Module, input_ids, inputs_embeds) -> int:
 def _flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor | None:
     """(B, C, ...) -> (B * C, ...), a tensor of `dims` dimensions with the choices folded into the batch."""
     return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
+
+
+def run_on_real_tokens(head: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor, packing):
+    """A token-level head on the real tokens only when the pass was packed: pack -> head -> unpack, zeros at padded
+    positions (their labels are -100, so the loss is unchanged). hidden_states: the base model's
+    `last_hidden_state`, (B, L, d) or (1, N, d) for a flattened batch; returns the head's output in that layout."""
+    if packing is None or packing.flattened:
+        return head(hidden_states)
+    return packing.unpack(head(packing.pack(hidden_states)))
+
+
+def first_token_states(hidden_states: torch.Tensor, packing) -> torch.Tensor:
+    """Each sequence's first token, what sequence-level heads read: (B, L, d) -> (B, d) for a padded batch,
+    (1, N, d) -> (num_sequences, d) for a flattened one."""
+    if packing is not None and packing.flattened:
+        return packing.first_tokens(hidden_states)
+    return hidden_states[:, 0]
+
+
+def span_logits(qa_outputs: nn.Module, hidden_states: torch.Tensor, attention_mask, packing):
+    """Start and end logits of an extractive-QA head, `torch.finfo(dtype).min` wherever there is no real token, so
+    padding never wins an argmax and the loss does not depend on padding.
+
+    hidden_states: the base model's `last_hidden_state`. Padded batch: (B, L) logits, with the 2D attention_mask's
+    padding masked whether or not the pass was packed. Flattened batch: (num_sequences, longest sequence) logits,
+    each sequence's own, filled beyond its length.
+    """
+    if packing is not None:
+        logits = qa_outputs(packing.pack(hidden_states))
+        logits = packing.unpack(logits, fill=torch.finfo(logits.dtype).min)
+    else:
+        logits = qa_outputs(hidden_states)
+        if attention_mask is not None and attention_mask.dim() == 2:
+            padding = ~attention_mask.to(device=logits.device, dtype=torch.bool)
+            logits = logits.masked_fill(padding[..., None], torch.finfo(logits.dtype).min)
+    start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+    return start_logits, end_logits
+
+
+def refuse_flattened(head: nn.Module, position_ids, attention_mask, kwargs: dict) -> None:
+    """A head that cannot take a flattened batch (one row, position_ids restarting at 0 per sequence, no padding)
+    says so. Restarting position_ids with padding in the mask are a padded row's (`generate` numbers a left-padded
+    prompt so)."""
+    has_padding = attention_mask is not None and not bool(attention_mask.bool().all())
+    if kwargs.get("cu_seq_lens_q") is not None or (
+        not has_padding
+        and position_ids is not None
+        and position_ids.dim() == 2
+        and position_ids.shape[0] == 1
+        and flattened_restarts(position_ids, 1)
+    ):
+        raise ValueError(
+            f"{type(head).__name__} cannot take a flattened batch (position_ids restarting at 0 within a row); "
+            "pass padded sequences with an attention_mask"
+        )
 
 
 class RoFormerPredictionHeadTransform(nn.Module):
@@ -1167,7 +1335,7 @@ class RoFormerForMaskedLM(RoFormerPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.cls(outputs.last_hidden_state)
+        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, outputs.packing)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -1228,6 +1396,7 @@ class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithCrossAttentions | tuple:
+        refuse_flattened(self, position_ids, attention_mask, kwargs)
         outputs = self.roformer(
             input_ids,
             attention_mask=attention_mask,
@@ -1258,7 +1427,8 @@ class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
 
 
 class RoFormerClassificationHead(nn.Module):
-    """Dense + activation + projection on the first token, as transformers' RoFormer does."""
+    """Dense + activation + projection on the first token, as transformers' RoFormer does; takes the first tokens'
+    states, (sequences, hidden), as `first_token_states` reads them."""
 
     def __init__(self, config: RoFormerConfig):
         super().__init__()
@@ -1268,7 +1438,7 @@ class RoFormerClassificationHead(nn.Module):
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(features[:, 0, :])
+        x = self.dropout(features)
         x = self.dropout(self.act(self.dense(x)))
         return self.out_proj(x)
 
@@ -1305,7 +1475,7 @@ class RoFormerForSequenceClassification(RoFormerPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.classifier(outputs.last_hidden_state)
+        logits = self.classifier(first_token_states(outputs.last_hidden_state, outputs.packing))
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
@@ -1354,8 +1524,17 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> MultipleChoiceModelOutput | tuple:
+        refuse_flattened(self, position_ids, attention_mask, kwargs)
         num_choices = _num_choices(self, input_ids, inputs_embeds)
         flat_mask = _flatten_choices(attention_mask)
+        if (
+            self.config.summary_type == "last"
+            and flat_mask is not None
+            and flat_mask.dim() == 2
+            and not bool(flat_mask.bool()[:, -1].all())
+        ):
+            # the last position of a padded choice is a padding token, whose state only the padded pass computes
+            kwargs["unpad_blocker"] = "summary_type='last' reads the last position, padding included"
         outputs = self.roformer(
             _flatten_choices(input_ids),
             attention_mask=flat_mask,
@@ -1410,7 +1589,9 @@ class RoFormerForTokenClassification(RoFormerPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        logits = run_on_real_tokens(
+            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, outputs.packing
+        )
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, self.config, **kwargs)
@@ -1421,6 +1602,11 @@ class RoFormerForTokenClassification(RoFormerPreTrainedModel):
 
 
 class RoFormerForQuestionAnswering(RoFormerPreTrainedModel):
+    """Extractive QA: start and end logits per token. Where an attention_mask is given, the logits at padded
+    positions are `torch.finfo(dtype).min` (in every `unpad_inputs` mode), so padding never wins and the loss does
+    not depend on it. A flattened batch gets (num_sequences, longest sequence) logits, one row per sequence, and
+    takes start/end_positions per sequence."""
+
     def __init__(self, config: RoFormerConfig):
         super().__init__(config)
         self.roformer = RoFormerModel(config)
@@ -1452,8 +1638,9 @@ class RoFormerForQuestionAnswering(RoFormerPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.qa_outputs(outputs.last_hidden_state)
-        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        start_logits, end_logits = span_logits(
+            self.qa_outputs, outputs.last_hidden_state, attention_mask, outputs.packing
+        )
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)

@@ -19,6 +19,7 @@ from helpers.modeling import (
     tiny_fields,
 )
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
+from transformers.loss.loss_utils import ForQuestionAnsweringLoss
 
 import posformers
 from posformers import (
@@ -80,6 +81,12 @@ def test_parity_with_transformers(name, our_class, field, head_kwargs, variant, 
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **labels
         )
         actual = ours(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **labels)
+    if field == "start_logits":
+        # Ours masks padded positions (torch.finfo.min) so the loss does not depend on padding; transformers' does not
+        padding = attention_mask == 0
+        expected.start_logits = expected.start_logits.masked_fill(padding, torch.finfo(torch.float32).min)
+        expected.end_logits = expected.end_logits.masked_fill(padding, torch.finfo(torch.float32).min)
+        expected.loss = ForQuestionAnsweringLoss(expected.start_logits, expected.end_logits, **labels)
     if labels:
         assert abs(expected.loss.item() - actual.loss.item()) <= TOL
     if field == "start_logits":
@@ -502,6 +509,8 @@ def test_multiple_choice_summary(summary_type):
     mask[..., 6:] = 0
     with torch.no_grad():
         logits = model(input_ids, attention_mask=mask).logits
+        # "last" reads a padding token's state, which only the padded path computes (the head runs it so)
+        model.config.unpad_inputs = "never"
         hidden = model.roformer(input_ids.view(6, 8), attention_mask=mask.view(6, 8))[0]
     pooled = {"first": hidden[:, 0], "last": hidden[:, -1], "mean": hidden[:, :6].mean(1)}[summary_type]
     assert torch.allclose(logits, model.classifier(pooled).view(2, 3), atol=1e-6)
