@@ -23,6 +23,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from .errors import OutputDirError
+from .padding_free import PADDING_FREE_CHOICES, check_padding_free
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,19 @@ class RunArguments:
     skip_bad_examples: bool = dataclasses.field(
         default=False, metadata={"help": "Skip malformed examples (and say how many) instead of stopping."}
     )
+    padding_free: str = dataclasses.field(
+        default="auto",
+        metadata={
+            "help": "true: feed the model flattened batches (one row of real tokens, position_ids restarting per "
+            "sequence; models with accepts_flattened_batches). false: padded batches, computed with their padding "
+            "(unpad_inputs=never). auto: true where the model accepts it, else padded batches the model unpads "
+            "internally. See finetune/padding_free.py.",
+            "choices": list(PADDING_FREE_CHOICES),
+        },
+    )
+
+    def __post_init__(self):
+        check_padding_free(self.padding_free)
 
 
 def parse_arguments(dataclass_types: Iterable[type], argv: list[str] | None = None) -> tuple:

@@ -54,6 +54,7 @@ from posformers.deberta import DebertaConfig, DebertaForMaskedLM, DebertaForRepl
 
 from .errors import ArgumentError, OutputDirError
 from .loading import parse_overrides
+from .padding_free import FLATTENED_KEYS
 from .pretrain_data import mlm_metrics, mlm_sums
 
 logger = logging.getLogger(__name__)
@@ -215,12 +216,23 @@ class DebertaRTDModel(nn.Module):
         self.generator.gradient_checkpointing_enable(**kwargs)
         self.discriminator.gradient_checkpointing_enable(**kwargs)
 
+    @property
+    def accepts_flattened_batches(self) -> bool:
+        """Whether both models take transformers' padding-free format (see finetune/padding_free.py)."""
+        return all(getattr(part, "accepts_flattened_batches", False) for part in (self.generator, self.discriminator))
+
     def forward(self, input_ids, attention_mask=None, labels=None, token_type_ids=None, **kwargs) -> RTDOutput:
-        """input_ids (B, L) with [MASK] at the selected positions, labels (B, L): their original ids, -100 elsewhere."""
+        """input_ids (B, L) with [MASK] at the selected positions, labels (B, L): their original ids, -100 elsewhere.
+
+        A flattened batch (input_ids (1, N), position_ids restarting per sequence, cu_seq_lens_q/k, max_length_q/k)
+        reaches both models as it is; the replacements are sampled at the masked positions in token order, so a
+        flattened batch draws the same samples as its padded form."""
         if labels is None:
             raise ValueError("DebertaRTDModel needs labels (the MLM targets): use the masking collator")
+        # Only the layout travels on: Trainer's loss kwargs (num_items_in_batch) count the generator's targets.
+        layout = {key: kwargs[key] for key in FLATTENED_KEYS if key in kwargs}
         generated = self.generator(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, labels=labels
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, labels=labels, **layout
         )
         with torch.no_grad():
             corrupted, replaced = corrupt(input_ids, labels, generated.logits, self.temperature)
@@ -229,7 +241,7 @@ class DebertaRTDModel(nn.Module):
         if attention_mask is not None:
             replaced = replaced.masked_fill(attention_mask == 0, -100)
         detected = self.discriminator(
-            input_ids=corrupted, attention_mask=attention_mask, token_type_ids=token_type_ids, labels=replaced
+            input_ids=corrupted, attention_mask=attention_mask, token_type_ids=token_type_ids, labels=replaced, **layout
         )
         loss = generated.loss + self.rtd_weight * detected.loss
         return RTDOutput(

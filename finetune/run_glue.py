@@ -46,6 +46,7 @@ from .errors import DataError, exit_on_data_error
 from .glue_data import GlueTask, Table, get_task, read_files, read_hub, split_files, submission_name
 from .glue_metrics import TASK_METRICS
 from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
+from .padding_free import plan_padding_free
 from .reporting import ThroughputCallback, count_tokens, setup_logging
 from .stages import run_stages
 
@@ -283,6 +284,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     tokenizer = load_tokenizer(model_args)
     config = fit_config_to_tokenizer(config, tokenizer, model_args)
     model = load_model(model_args, config, AutoModelForSequenceClassification)
+    padding_free = plan_padding_free(run_args.padding_free, model, pad_to_max_length=data_args.pad_to_max_length)
 
     train_dataset = None
     if training_args.do_train:
@@ -299,10 +301,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         train_dataset=train_dataset,
         eval_dataset=eval_datasets.get(eval_splits[0]) if eval_splits else None,
         processing_class=tokenizer,
-        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None),
+        data_collator=padding_free.collator(
+            DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None)
+        ),
         compute_metrics=make_compute_metrics(task, label_names),
         callbacks=[ThroughputCallback()],
     )
+    padding_free.attach(trainer)
 
     def evaluate() -> dict[str, float]:
         """Every validation split: MNLI's mismatched one under `eval_mm_*`."""

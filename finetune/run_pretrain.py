@@ -43,6 +43,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingA
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
 from .errors import ArgumentError, exit_on_data_error
 from .loading import load_config, load_model, load_tokenizer
+from .padding_free import plan_padding_free
 from .pretrain_data import (
     MaskEpochCallback,
     MaskingCollator,
@@ -64,6 +65,8 @@ logger = logging.getLogger(__name__)
 OBJECTIVES = ("mlm", "rtd", "distill")
 # The model family each objective trains (None: any masked-language model).
 OBJECTIVE_MODEL_TYPES = {"mlm": None, "rtd": "posformers-deberta", "distill": "littlebird"}
+# What a flattened MLM batch keeps per token: the masked ids and their labels.
+MLM_TOKEN_KEYS = ("input_ids", "token_type_ids", "labels")
 
 
 @dataclasses.dataclass
@@ -207,6 +210,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     tokenizer = obtain_tokenizer(model_args, data_args, corpus, checkpoint, training_args.output_dir)
     config = fit_config_to_tokenizer(config, tokenizer, model_args, data_args)
     model = build_model(objective, config, model_args, rtd_args)
+    # Distillation inserts padding into the student's batches on purpose: they stay padded (the model unpads them
+    # internally where it can: right padding; inserted runs are holes, which keep the padded path).
+    padding_free = plan_padding_free(
+        run_args.padding_free,
+        model,
+        flattenable=objective != "distill",
+        reason="--objective distill inserts padding into the student's batches on purpose",
+    )
     packed = packed_splits(corpus, tokenizer, data_args, training_args.seed)
 
     # RTD masks every selected token (the official DeBERTa-v3 data); MLM uses BERT's 80/10/10.
@@ -237,16 +248,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         trainer = DistillationTrainer(teacher=teacher, distill_args=distill_args, data_collator=insertion, **common)
     elif objective == "rtd":
         trainer = RTDTrainer(
-            data_collator=collator, compute_metrics=rtd_metrics, preprocess_logits_for_metrics=preprocess_rtd_logits,
-            **common,
+            data_collator=padding_free.collator(collator, MLM_TOKEN_KEYS), compute_metrics=rtd_metrics,
+            preprocess_logits_for_metrics=preprocess_rtd_logits, **common,
         )  # fmt: skip
     else:
         trainer = Trainer(
-            data_collator=collator,
+            data_collator=padding_free.collator(collator, MLM_TOKEN_KEYS),
             compute_metrics=compute_mlm_metrics,
             preprocess_logits_for_metrics=preprocess_mlm_logits,
             **common,
         )
+
+    padding_free.attach(trainer)
 
     def evaluate() -> dict[str, float]:
         metrics = trainer.evaluate()

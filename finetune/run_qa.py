@@ -66,6 +66,7 @@ from transformers import (
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
 from .errors import ArgumentError, BadExamples, DataError, exit_on_data_error
 from .loading import load_config, load_model, load_tokenizer
+from .padding_free import plan_padding_free
 from .qa_data import DATA_FORMATS, KORQUAD_MODES, check_examples, hub_examples, load_qa_file
 from .qa_features import postprocess_predictions, prepare_features
 from .qa_trainer import QuestionAnsweringTrainer, score_predictions
@@ -280,13 +281,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     max_seq_length = window_length(config, data_args.max_seq_length)
     check_tokenizer(tokenizer, max_seq_length, data_args.doc_stride)
     model = load_model(model_args, config, AutoModelForQuestionAnswering)
+    padding_free = plan_padding_free(run_args.padding_free, model, pad_to_max_length=data_args.pad_to_max_length)
 
     datasets_ = {
         split: to_features(examples, split, tokenizer, data_args, max_seq_length, training_args)
         for split, examples in splits.items()
     }
     normalizer = "triviaqa" if any("aliases" in e for examples in splits.values() for e in examples[:1]) else "squad"
-    collator = (
+    collator = padding_free.collator(
         default_data_collator
         if data_args.pad_to_max_length
         else DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None)
@@ -313,6 +315,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         ),
         callbacks=[ThroughputCallback()],
     )
+    padding_free.attach(trainer)
 
     def evaluate() -> dict:
         metrics = {**trainer.evaluate(), "eval_samples": len(eval_examples)}
