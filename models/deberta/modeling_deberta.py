@@ -1098,6 +1098,9 @@ class DebertaPreTrainedModel(PreTrainedModel):
     config_class = DebertaConfig
     config: DebertaConfig
     base_model_prefix = "deberta"
+    # Flattened batches (DataCollatorWithFlattening: position_ids restarting per sequence) run per sequence; only
+    # multiple choice refuses them.
+    accepts_flattened_batches = True
     supports_gradient_checkpointing = True
     _no_split_modules = ["DebertaLayer"]
     _supports_sdpa = True
@@ -1283,6 +1286,7 @@ class DebertaModel(DebertaPreTrainedModel):
             output_hidden_states=output_hidden_states,
             **kwargs,
         )
+        output.packing = None  # the padded path (see _packed_forward)
         return output if return_dict else output.to_tuple()
 
     def plan_packing(
@@ -1341,7 +1345,9 @@ class DebertaModel(DebertaPreTrainedModel):
             last_hidden_state=packing.restore(output.last_hidden_state),
             hidden_states=tuple(packing.restore(h) for h in hidden) if hidden is not None else None,
         )
-        output.packing = packing  # for the heads; an attribute, not a field: tuples keep their layout
+        # The PackedBatch this pass ran on, for the heads (their projections on real tokens only); an attribute, not a
+        # field, so that keys and tuples are unchanged.
+        output.packing = packing
         return output
 
 
@@ -1373,6 +1379,65 @@ def _num_choices(head: nn.Module, input_ids, inputs_embeds) -> int:
 def _flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor | None:
     """(B, C, ...) -> (B * C, ...), a tensor of `dims` dimensions with the choices folded into the batch."""
     return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
+
+
+# Copied from posformers.roformer.modeling_roformer.run_on_real_tokens
+def run_on_real_tokens(head: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor, packing):
+    """A token-level head on the real tokens only when the pass was packed: pack -> head -> unpack, zeros at padded
+    positions (their labels are -100, so the loss is unchanged). hidden_states: the base model's
+    `last_hidden_state`, (B, L, d) or (1, N, d) for a flattened batch; returns the head's output in that layout."""
+    if packing is None or packing.flattened:
+        return head(hidden_states)
+    return packing.unpack(head(packing.pack(hidden_states)))
+
+
+# Copied from posformers.roformer.modeling_roformer.first_token_states
+def first_token_states(hidden_states: torch.Tensor, packing) -> torch.Tensor:
+    """Each sequence's first token, what sequence-level heads read: (B, L, d) -> (B, d) for a padded batch,
+    (1, N, d) -> (num_sequences, d) for a flattened one."""
+    if packing is not None and packing.flattened:
+        return packing.first_tokens(hidden_states)
+    return hidden_states[:, 0]
+
+
+# Copied from posformers.roformer.modeling_roformer.span_logits
+def span_logits(qa_outputs: nn.Module, hidden_states: torch.Tensor, attention_mask, packing):
+    """Start and end logits of an extractive-QA head, `torch.finfo(dtype).min` wherever there is no real token, so
+    padding never wins an argmax and the loss does not depend on padding.
+
+    hidden_states: the base model's `last_hidden_state`. Padded batch: (B, L) logits, with the 2D attention_mask's
+    padding masked whether or not the pass was packed. Flattened batch: (num_sequences, longest sequence) logits,
+    each sequence's own, filled beyond its length.
+    """
+    if packing is not None:
+        logits = qa_outputs(packing.pack(hidden_states))
+        logits = packing.unpack(logits, fill=torch.finfo(logits.dtype).min)
+    else:
+        logits = qa_outputs(hidden_states)
+        if attention_mask is not None and attention_mask.dim() == 2:
+            padding = ~attention_mask.to(device=logits.device, dtype=torch.bool)
+            logits = logits.masked_fill(padding[..., None], torch.finfo(logits.dtype).min)
+    start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+    return start_logits, end_logits
+
+
+# Copied from posformers.roformer.modeling_roformer.refuse_flattened
+def refuse_flattened(head: nn.Module, position_ids, attention_mask, kwargs: dict) -> None:
+    """A head that cannot take a flattened batch (one row, position_ids restarting at 0 per sequence, no padding)
+    says so. Restarting position_ids with padding in the mask are a padded row's (`generate` numbers a left-padded
+    prompt so)."""
+    has_padding = attention_mask is not None and not bool(attention_mask.bool().all())
+    if kwargs.get("cu_seq_lens_q") is not None or (
+        not has_padding
+        and position_ids is not None
+        and position_ids.dim() == 2
+        and position_ids.shape[0] == 1
+        and flattened_restarts(position_ids, 1)
+    ):
+        raise ValueError(
+            f"{type(head).__name__} cannot take a flattened batch (position_ids restarting at 0 within a row); "
+            "pass padded sequences with an attention_mask"
+        )
 
 
 class DebertaLMPredictionHead(nn.Module):
@@ -1412,16 +1477,37 @@ class DebertaEnhancedMaskDecoder(nn.Module):
         layer_input: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        packing: PackedBatch | None = None,
     ) -> torch.Tensor:
         """sequence_output: the encoder output (B, L, hidden). With the EMD on, also the base model whose last layer,
         absolute position table and relative positions it reuses, `layer_input` (the hidden states after layer N-1),
-        and the user's attention mask and position ids. Returns the MLM logits (B, L, vocab)."""
+        and the user's attention mask and position ids. Returns the MLM logits (B, L, vocab).
+
+        With `packing` (the pass ran padding-free), the decoder and the LM head run on the packed real tokens, with the
+        same packing (attention per sequence), and the logits are restored to the input's layout (zeros at padding).
+        """
+        if packing is not None:
+            return packing.restore(
+                self._decode(packing.pack(sequence_output), deberta, layer_input, position_ids, packing)
+            )
+        return self._decode(sequence_output, deberta, layer_input, position_ids, attention_mask=attention_mask)
+
+    def _decode(self, sequence_output, deberta, layer_input, position_ids, packing=None, attention_mask=None):
+        """The decoder steps and the LM head on (B, L, hidden) states, or on packed (1, N, hidden) ones (`packing`)."""
         if self.steps:
             device, seq_len = sequence_output.device, sequence_output.shape[1]
-            if position_ids is None:
-                position_ids = torch.arange(seq_len, device=device)[None]
-            _, mask = attention_masks(attention_mask, device)
-            positions = deberta.relative_positions(seq_len, device)
+            if packing is None:
+                if position_ids is None:
+                    position_ids = torch.arange(seq_len, device=device)[None]
+                _, mask = attention_masks(attention_mask, device)
+                positions = deberta.relative_positions(seq_len, device)
+            else:
+                layer_input = packing.pack(layer_input)
+                if position_ids is None:
+                    position_ids = packing.position_ids()
+                elif not packing.flattened:
+                    position_ids = packing.pack(position_ids.expand(packing.rows, packing.width))
+                mask, positions = None, packed_positions(packing, deberta.config, device)
             rel_embeddings = deberta.encoder.get_rel_embedding(positions)
             layer = deberta.encoder.layer[-1]
             query_states = layer_input + deberta.embeddings.position_embeddings(position_ids)
@@ -1505,7 +1591,7 @@ class DebertaForMaskedLM(DebertaPreTrainedModel):
                 attention_mask=attention_mask,
                 position_ids=position_ids,
             )
-        logits = decoder(outputs.last_hidden_state, **emd_inputs)
+        logits = decoder(outputs.last_hidden_state, packing=outputs.packing, **emd_inputs)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -1539,8 +1625,18 @@ class DebertaMaskPredictionHead(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.classifier = nn.Linear(config.hidden_size, 1)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        states = self.LayerNorm(hidden_states[:, :1] + hidden_states)
+    def forward(self, hidden_states: torch.Tensor, packing: PackedBatch | None = None) -> torch.Tensor:
+        """hidden_states: (B, L, hidden) -> logits (B, L). With `packing` (the pass ran padding-free), only the real
+        tokens are scored, each with its own sequence's first token (zeros at padding); a flattened batch's
+        (1, N, hidden) gives (1, N)."""
+        if packing is None:
+            return self.score(hidden_states, hidden_states[:, :1])
+        tokens = packing.pack(hidden_states)
+        sequence_starts = packing.cu_seqlens[:-1].long()[packing.indices // packing.width]  # (N,)
+        return packing.restore(self.score(tokens, tokens[:, sequence_starts]))
+
+    def score(self, hidden_states: torch.Tensor, first_token_states: torch.Tensor) -> torch.Tensor:
+        states = self.LayerNorm(first_token_states + hidden_states)
         return self.classifier(self.transform_act_fn(self.dense(states))).squeeze(-1)
 
 
@@ -1578,7 +1674,7 @@ class DebertaForReplacedTokenDetection(DebertaPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.mask_predictions(outputs.last_hidden_state)
+        logits = self.mask_predictions(outputs.last_hidden_state, outputs.packing)
         loss = None
         if labels is not None:
             labels = labels.to(logits.device)
@@ -1601,8 +1697,9 @@ class DebertaContextPooler(nn.Module):
         self.dropout = nn.Dropout(config.pooler_dropout)
         self.activation = ACT2FN[config.pooler_hidden_act]
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.dense(self.dropout(hidden_states[:, 0])))
+    def forward(self, first_token_states: torch.Tensor) -> torch.Tensor:
+        """first_token_states: (batch or sequences, hidden), as `first_token_states` reads them."""
+        return self.activation(self.dense(self.dropout(first_token_states)))
 
 
 def _sequence_classification_loss(config, logits, labels, num_labels):
@@ -1662,7 +1759,9 @@ class DebertaForSequenceClassification(DebertaPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.classifier(self.dropout(self.pooler(outputs.last_hidden_state)))
+        logits = self.classifier(
+            self.dropout(self.pooler(first_token_states(outputs.last_hidden_state, outputs.packing)))
+        )
         loss = None
         if labels is not None:
             # not self.loss_function: DeBERTa's own loss ignores negative labels and takes soft labels
@@ -1707,7 +1806,9 @@ class DebertaForTokenClassification(DebertaPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        logits = run_on_real_tokens(
+            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, outputs.packing
+        )
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, self.config, **kwargs)
@@ -1719,6 +1820,11 @@ class DebertaForTokenClassification(DebertaPreTrainedModel):
 
 # Copied from posformers.roformer.modeling_roformer.RoFormerForQuestionAnswering with RoFormer->Deberta all-casing
 class DebertaForQuestionAnswering(DebertaPreTrainedModel):
+    """Extractive QA: start and end logits per token. Where an attention_mask is given, the logits at padded
+    positions are `torch.finfo(dtype).min` (in every `unpad_inputs` mode), so padding never wins and the loss does
+    not depend on it. A flattened batch gets (num_sequences, longest sequence) logits, one row per sequence, and
+    takes start/end_positions per sequence."""
+
     def __init__(self, config: DebertaConfig):
         super().__init__(config)
         self.deberta = DebertaModel(config)
@@ -1750,8 +1856,9 @@ class DebertaForQuestionAnswering(DebertaPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.qa_outputs(outputs.last_hidden_state)
-        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        start_logits, end_logits = span_logits(
+            self.qa_outputs, outputs.last_hidden_state, attention_mask, outputs.packing
+        )
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
@@ -1790,6 +1897,8 @@ class DebertaForMultipleChoice(DebertaPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> MultipleChoiceModelOutput | tuple:
+        # (1, N) or (1, 1, N) inputs with restarting position_ids: a flattened batch, which has no choices to compare
+        refuse_flattened(self, _flatten_choices(position_ids), _flatten_choices(attention_mask), kwargs)
         num_choices = _num_choices(self, input_ids, inputs_embeds)
         outputs = self.deberta(
             _flatten_choices(input_ids),
@@ -1802,7 +1911,7 @@ class DebertaForMultipleChoice(DebertaPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        pooled = self.dropout(self.pooler(outputs.last_hidden_state))
+        pooled = self.dropout(self.pooler(outputs.last_hidden_state[:, 0]))
         logits = self.classifier(pooled).view(-1, num_choices)
         # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
         loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
