@@ -1114,40 +1114,52 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        packing: PackedBatch | None = None,
         **kwargs,
     ) -> LittleBirdModelOutput | tuple:
         """`position_ids` only mark a flattened batch (one row whose positions restart at 0 per sequence, with the
         `cu_seq_lens_q/k` and `max_length_q/k` of DataCollatorWithFlattening, popped from `kwargs`): LittleBird's
-        positions are the token indices. `packing` is the plan of `packing_for`, given by the heads that read it.
+        positions are the token indices.
 
         Padding-free execution (`config.unpad_inputs`): embeddings, projections, feed-forward blocks and LayerNorms run
         on the real tokens as one (1, N, d) row; the attentions run per example (`LittleBirdLayer.packed_attention`).
         `last_hidden_state` and `hidden_states` come back as the input came: (B, L, d) with zeros at padded positions,
         or (1, N, d) for a flattened batch; `pack_states` are (B, s, d), or (num_sequences, s, d) for a flattened batch.
+        The output's `packing` attribute (not a field: tuples are unchanged) is the `PackedBatch`, or None on the
+        padded path; the heads read it. Packing is ruled out ("auto": padded path; "always": an error) by
+        output_attentions, whose weights come in the padded blocked layout, and by padding between real tokens
+        (Padding Insertion).
         """
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         return_dict = return_dict if return_dict is not None else config.return_dict
-        if packing is None:  # else the head that planned it checked the inputs
-            packing = self.packing_for(
-                input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
+        _check_inputs(config, input_ids, inputs_embeds, attention_mask, token_type_ids)
+        shape = _input_shape(input_ids, inputs_embeds, config.hidden_size)
+        cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
+        cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)
+        for name in ("max_length_q", "max_length_k"):
+            kwargs.pop(name, None)  # recomputed from the packing
+        if cu_seq_lens is not None and cu_seq_lens_k is not None and not torch.equal(cu_seq_lens, cu_seq_lens_k):
+            raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ; LittleBird's attentions need them equal")
+        cu_seq_lens = cu_seq_lens if cu_seq_lens is not None else cu_seq_lens_k
+        blocker = (
+            "output_attentions=True (the weights come in the padded blocked layout)" if output_attentions else None
+        )
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        packing = plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, blocker, device)
+        if position_ids is not None and (packing is None or not packing.flattened):
+            _check_token_positions(position_ids, shape)
+        if packing is not None:
+            input_ids, inputs_embeds, token_type_ids = (
+                packing.pack(t.expand(*shape, *t.shape[2:])) if t is not None else None
+                for t in (input_ids, inputs_embeds, token_type_ids)
             )
 
-        if packing is not None:
-            shape = _input_shape(input_ids, inputs_embeds, config.hidden_size)
-            if token_type_ids is not None:
-                token_type_ids = packing.pack(token_type_ids.expand(shape))
-            input_ids = packing.pack(input_ids) if input_ids is not None else None
-            inputs_embeds = packing.pack(inputs_embeds) if inputs_embeds is not None else None
         hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
-        batch_size, seq_len, _ = hidden_states.shape
         if packing is None:
             layout = BlockSparseLayout.build(
                 attention_mask,
-                batch_size,
-                seq_len,
+                *shape,
                 config.block_size,
                 config.pack_length,
                 dtype=hidden_states.dtype,
@@ -1157,8 +1169,7 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
             layout = PackedLayout.build(
                 packing, config.block_size, config.pack_length, dtype=hidden_states.dtype, device=hidden_states.device
             )
-            batch_size = packing.rows
-        pack_states = self.embeddings.pack_embeddings.expand(batch_size, -1, -1)
+        pack_states = self.embeddings.pack_embeddings.expand(packing.rows if packing else shape[0], -1, -1)
         output = self.encoder(
             hidden_states,
             pack_states,
@@ -1171,41 +1182,20 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
             output.last_hidden_state = packing.restore(output.last_hidden_state)
             if output_hidden_states:
                 output.hidden_states = tuple(packing.restore(states) for states in output.hidden_states)
+        output.packing = packing
         return output if return_dict else output.to_tuple()
 
-    def packing_for(
-        self, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs: dict
-    ) -> PackedBatch | None:
-        """How a forward pass on these inputs runs: a `PackedBatch` for the padding-free path or None (`plan_packing`).
-        Checks the inputs and pops the flattened-batch keywords (cu_seq_lens_q/k, max_length_q/k) from `kwargs`.
 
-        Blocked (padded path in "auto", an error in "always"): output_attentions, whose weights come in the padded
-        blocked layout, and padding inserted between real tokens (Padding Insertion), which `plan_packing` refuses.
-        """
-        config = self.config
-        _check_inputs(config, input_ids, inputs_embeds, attention_mask, token_type_ids)
-        shape = _input_shape(input_ids, inputs_embeds, config.hidden_size)
-        cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
-        cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)
-        kwargs.pop("max_length_q", None)
-        kwargs.pop("max_length_k", None)
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        blocker = (
-            "output_attentions=True (the weights come in the padded blocked layout)" if output_attentions else None
+def _check_token_positions(position_ids: torch.Tensor, shape: tuple[int, int]) -> None:
+    """position_ids outside a flattened batch must be what LittleBird reads anyway: 0, 1, 2, ... in every row."""
+    _check_per_token("position_ids", position_ids, shape)
+    if is_torchdynamo_compiling():
+        return
+    if not bool((position_ids == torch.arange(shape[1], device=position_ids.device)).all()):
+        raise ValueError(
+            "position_ids must be 0, 1, 2, ... in every row (LittleBird's positions are the token indices) or mark a "
+            "flattened batch (one row, restarting at 0 for each sequence)"
         )
-        device = (input_ids if input_ids is not None else inputs_embeds).device
-        cu_seq_lens = cu_seq_lens if cu_seq_lens is not None else cu_seq_lens_k
-        packing = plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, blocker, device)
-        if position_ids is not None and not (packing is not None and packing.flattened):
-            _check_per_token("position_ids", position_ids, shape)
-            if not is_torchdynamo_compiling() and not bool(
-                (position_ids == torch.arange(shape[1], device=position_ids.device)).all()
-            ):
-                raise ValueError(
-                    "position_ids must be 0, 1, 2, ... in every row (LittleBird's positions are the token indices) "
-                    "or mark a flattened batch (one row, restarting at 0 for each sequence)"
-                )
-        return packing
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1238,20 +1228,63 @@ def _flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor
     return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
 
 
-def _on_real_tokens(head, hidden_states: torch.Tensor, packing: PackedBatch | None, fill: float = 0.0):
-    """A token-level head on the real tokens only when the pass ran packed: (B, L, d) -> (B, L, ...) with `fill` at
-    padded positions (their labels are -100, so losses are unchanged); a flattened batch's (1, N, d) -> (1, N, ...)."""
-    if packing is None:
+# Copied from posformers.roformer.modeling_roformer.run_on_real_tokens
+def run_on_real_tokens(head: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor, packing):
+    """A token-level head on the real tokens only when the pass was packed: pack -> head -> unpack, zeros at padded
+    positions (their labels are -100, so the loss is unchanged). hidden_states: the base model's
+    `last_hidden_state`, (B, L, d) or (1, N, d) for a flattened batch; returns the head's output in that layout."""
+    if packing is None or packing.flattened:
         return head(hidden_states)
-    outputs = head(packing.pack(hidden_states))
-    return outputs if packing.flattened else packing.unpack(outputs, fill)
+    return packing.unpack(head(packing.pack(hidden_states)))
 
 
-def _first_tokens(hidden_states: torch.Tensor, packing: PackedBatch | None) -> torch.Tensor:
-    """Each sequence's first token ([CLS]), (B, d); (num_sequences, d) for a flattened batch."""
+# Copied from posformers.roformer.modeling_roformer.first_token_states
+def first_token_states(hidden_states: torch.Tensor, packing) -> torch.Tensor:
+    """Each sequence's first token, what sequence-level heads read: (B, L, d) -> (B, d) for a padded batch,
+    (1, N, d) -> (num_sequences, d) for a flattened one."""
     if packing is not None and packing.flattened:
         return packing.first_tokens(hidden_states)
     return hidden_states[:, 0]
+
+
+# Copied from posformers.roformer.modeling_roformer.span_logits
+def span_logits(qa_outputs: nn.Module, hidden_states: torch.Tensor, attention_mask, packing):
+    """Start and end logits of an extractive-QA head, `torch.finfo(dtype).min` wherever there is no real token, so
+    padding never wins an argmax and the loss does not depend on padding.
+
+    hidden_states: the base model's `last_hidden_state`. Padded batch: (B, L) logits, with the 2D attention_mask's
+    padding masked whether or not the pass was packed. Flattened batch: (num_sequences, longest sequence) logits,
+    each sequence's own, filled beyond its length.
+    """
+    if packing is not None:
+        logits = qa_outputs(packing.pack(hidden_states))
+        logits = packing.unpack(logits, fill=torch.finfo(logits.dtype).min)
+    else:
+        logits = qa_outputs(hidden_states)
+        if attention_mask is not None and attention_mask.dim() == 2:
+            padding = ~attention_mask.to(device=logits.device, dtype=torch.bool)
+            logits = logits.masked_fill(padding[..., None], torch.finfo(logits.dtype).min)
+    start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+    return start_logits, end_logits
+
+
+# Copied from posformers.roformer.modeling_roformer.refuse_flattened
+def refuse_flattened(head: nn.Module, position_ids, attention_mask, kwargs: dict) -> None:
+    """A head that cannot take a flattened batch (one row, position_ids restarting at 0 per sequence, no padding)
+    says so. Restarting position_ids with padding in the mask are a padded row's (`generate` numbers a left-padded
+    prompt so)."""
+    has_padding = attention_mask is not None and not bool(attention_mask.bool().all())
+    if kwargs.get("cu_seq_lens_q") is not None or (
+        not has_padding
+        and position_ids is not None
+        and position_ids.dim() == 2
+        and position_ids.shape[0] == 1
+        and flattened_restarts(position_ids, 1)
+    ):
+        raise ValueError(
+            f"{type(head).__name__} cannot take a flattened batch (position_ids restarting at 0 within a row); "
+            "pass padded sequences with an attention_mask"
+        )
 
 
 class LittleBirdPredictionHeadTransform(nn.Module):
@@ -1324,9 +1357,6 @@ class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> MaskedLMOutput | tuple:
-        packing = self.littlebird.packing_for(
-            input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
-        )
         outputs = self.littlebird(
             input_ids,
             attention_mask=attention_mask,
@@ -1336,10 +1366,9 @@ class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            packing=packing,
             **kwargs,
         )
-        logits = _on_real_tokens(self.cls, outputs.last_hidden_state, packing)
+        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, outputs.packing)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -1358,9 +1387,9 @@ class LittleBirdClassificationHead(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.out_proj = nn.Linear(config.hidden_size, num_outputs)
 
-    def forward(self, first_tokens: torch.Tensor) -> torch.Tensor:
-        """first_tokens: (B, d), the [CLS] states."""
-        x = self.dropout(first_tokens)
+    def forward(self, first_token_states: torch.Tensor) -> torch.Tensor:
+        """first_token_states: (B, d), the [CLS] states (`first_token_states`)."""
+        x = self.dropout(first_token_states)
         x = self.dropout(torch.tanh(self.dense(x)))
         return self.out_proj(x)
 
@@ -1386,9 +1415,6 @@ class LittleBirdForSequenceClassification(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> SequenceClassifierOutput | tuple:
-        packing = self.littlebird.packing_for(
-            input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
-        )
         outputs = self.littlebird(
             input_ids,
             attention_mask=attention_mask,
@@ -1398,10 +1424,9 @@ class LittleBirdForSequenceClassification(LittleBirdPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            packing=packing,
             **kwargs,
         )
-        logits = self.classifier(_first_tokens(outputs.last_hidden_state, packing))
+        logits = self.classifier(first_token_states(outputs.last_hidden_state, outputs.packing))
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
@@ -1435,14 +1460,7 @@ class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
         input_ids, attention_mask = _flatten_choices(input_ids), _flatten_choices(attention_mask)
         token_type_ids, position_ids = _flatten_choices(token_type_ids), _flatten_choices(position_ids)
         inputs_embeds = _flatten_choices(inputs_embeds, dims=3)
-        packing = self.littlebird.packing_for(
-            input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
-        )
-        if packing is not None and packing.flattened:
-            raise ValueError(
-                "LittleBirdForMultipleChoice takes (batch, num_choices, seq_len) inputs, not a flattened batch "
-                "(position_ids restarting at 0): its choices are read as one group"
-            )
+        refuse_flattened(self, position_ids, attention_mask, kwargs)
         outputs = self.littlebird(
             input_ids,
             attention_mask=attention_mask,
@@ -1452,10 +1470,9 @@ class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            packing=packing,
             **kwargs,
         )
-        logits = self.classifier(outputs.last_hidden_state[:, 0]).view(-1, num_choices)
+        logits = self.classifier(first_token_states(outputs.last_hidden_state, outputs.packing)).view(-1, num_choices)
         # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
         loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
         result = MultipleChoiceModelOutput(
@@ -1487,9 +1504,6 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> TokenClassifierOutput | tuple:
-        packing = self.littlebird.packing_for(
-            input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
-        )
         outputs = self.littlebird(
             input_ids,
             attention_mask=attention_mask,
@@ -1499,11 +1513,10 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            packing=packing,
             **kwargs,
         )
-        logits = _on_real_tokens(
-            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, packing
+        logits = run_on_real_tokens(
+            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, outputs.packing
         )
         loss = None
         if labels is not None:
@@ -1544,9 +1557,6 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> QuestionAnsweringModelOutput | tuple:
-        packing = self.littlebird.packing_for(
-            input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, output_attentions, kwargs
-        )
         outputs = self.littlebird(
             input_ids,
             attention_mask=attention_mask,
@@ -1556,17 +1566,11 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            packing=packing,
             **kwargs,
         )
-        hidden_states, lowest = outputs.last_hidden_state, torch.finfo(outputs.last_hidden_state.dtype).min
-        if packing is not None and packing.flattened:  # per sequence: (num_sequences, max_seqlen, 2)
-            logits = packing.unpack(self.qa_outputs(hidden_states), fill=lowest)
-        else:
-            logits = _on_real_tokens(self.qa_outputs, hidden_states, packing, fill=lowest)
-            if packing is None and attention_mask is not None:
-                logits = logits.masked_fill(~attention_mask.bool()[..., None], lowest)
-        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        start_logits, end_logits = span_logits(
+            self.qa_outputs, outputs.last_hidden_state, attention_mask, outputs.packing
+        )
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
