@@ -1,6 +1,6 @@
 """`--padding_free auto|true|false` of posformers-glue, posformers-qa and posformers-pretrain.
 
-    plan = plan_padding_free(run_args.padding_free, model, pad_to_max_length=data_args.pad_to_max_length)
+    plan = plan_padding_free(run_args.padding_free, model, training_args, pad_to_max_length=...)
     collator = plan.collator(DataCollatorWithPadding(tokenizer))   # flattens the padded batches when plan.flatten
     trainer = Trainer(..., data_collator=collator)
     plan.attach(trainer)   # the run-time unpad_inputs for this run; saved config.json files keep the model's own
@@ -157,16 +157,43 @@ class PaddingFreePlan:
         trainer.save_model = save_model_with_own_config
 
 
+def dispatches_batches(training_args) -> bool:
+    """Whether the user asked accelerate to dispatch batches (one process reads, each gets a slice along dim 0)."""
+    config = getattr(training_args, "accelerator_config", None)
+    return getattr(config, "dispatch_batches", None) is True
+
+
+def keep_batches_whole(training_args) -> None:
+    """Each process reads its own flattened batches. Accelerate dispatches the batches of an iterable dataset (a
+    streamed corpus) by default, slicing every tensor to the batch's first dimension, which is 1 for a flattened
+    batch: the per-sequence tensors (cu_seq_lens, labels) would lose all but their first entry."""
+    config = getattr(training_args, "accelerator_config", None)
+    if config is not None and config.dispatch_batches is None:
+        config.dispatch_batches = False
+
+
 def plan_padding_free(
-    setting: str, model, pad_to_max_length: bool = False, flattenable: bool = True, reason: str = ""
+    setting: str,
+    model,
+    training_args=None,
+    pad_to_max_length: bool = False,
+    flattenable: bool = True,
+    reason: str = "",
 ) -> PaddingFreePlan:
-    """Resolve `--padding_free` for `model`. flattenable False (with `reason`): this run keeps padded batches on
-    purpose (distillation's Padding Insertion), so `true` is refused and `auto` means the model's internal unpadding."""
+    """Resolve `--padding_free` for `model` (and, when batches are flattened, keep `training_args` from dispatching
+    them). flattenable False (with `reason`): this run keeps padded batches on purpose (distillation's Padding
+    Insertion), so `true` is refused and `auto` means the model's internal unpadding."""
     check_padding_free(setting)
     accepts = accepts_flattened_batches(model)
+    dispatch = dispatches_batches(training_args)
     if setting == "true":
         if not flattenable:
             raise ArgumentError(f"--padding_free true: {reason}; use --padding_free auto or false")
+        if dispatch:
+            raise ArgumentError(
+                "--padding_free true and accelerator_config dispatch_batches=True contradict each other: dispatching "
+                "slices each batch along its first dimension, which a flattened batch does not have"
+            )
         if not accepts:
             raise ArgumentError(
                 f"--padding_free true: {type(model).__name__} does not accept flattened batches "
@@ -176,13 +203,16 @@ def plan_padding_free(
             raise ArgumentError("--padding_free true and --pad_to_max_length contradict each other: choose one")
     configs = unpad_configs(model)
     plan = PaddingFreePlan(
-        flatten=setting == "true" or (setting == "auto" and accepts and flattenable and not pad_to_max_length),
+        flatten=setting == "true"
+        or (setting == "auto" and accepts and flattenable and not pad_to_max_length and not dispatch),
         unpad_inputs=None if not configs else ("never" if setting == "false" else "auto"),
         configs=configs,
         saved=[config.unpad_inputs for config in configs],
     )
     if plan.flatten:
         plan.unpad_inputs = None  # a flattened batch runs packed whatever the config says
+        if training_args is not None:
+            keep_batches_whole(training_args)
     logger.info(
         "padding-free: %s", "flattened batches" if plan.flatten else f"padded batches, unpad_inputs={plan.unpad_inputs}"
     )

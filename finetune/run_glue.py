@@ -284,7 +284,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     tokenizer = load_tokenizer(model_args)
     config = fit_config_to_tokenizer(config, tokenizer, model_args)
     model = load_model(model_args, config, AutoModelForSequenceClassification)
-    padding_free = plan_padding_free(run_args.padding_free, model, pad_to_max_length=data_args.pad_to_max_length)
+    padding_free = plan_padding_free(
+        run_args.padding_free, model, training_args, pad_to_max_length=data_args.pad_to_max_length
+    )
 
     train_dataset = None
     if training_args.do_train:

@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     padding_free = plan_padding_free(
         run_args.padding_free,
         model,
+        training_args,
         flattenable=objective != "distill",
         reason="--objective distill inserts padding into the student's batches on purpose",
     )

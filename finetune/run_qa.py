@@ -281,7 +281,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     max_seq_length = window_length(config, data_args.max_seq_length)
     check_tokenizer(tokenizer, max_seq_length, data_args.doc_stride)
     model = load_model(model_args, config, AutoModelForQuestionAnswering)
-    padding_free = plan_padding_free(run_args.padding_free, model, pad_to_max_length=data_args.pad_to_max_length)
+    padding_free = plan_padding_free(
+        run_args.padding_free, model, training_args, pad_to_max_length=data_args.pad_to_max_length
+    )
 
     datasets_ = {
         split: to_features(examples, split, tokenizer, data_args, max_seq_length, training_args)

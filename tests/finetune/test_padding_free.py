@@ -21,6 +21,7 @@ from transformers import (
     BertForSequenceClassification,
     DataCollatorWithFlattening,
     DataCollatorWithPadding,
+    TrainingArguments,
 )
 
 from posformers.finetune import padding_free, pretrain_data, run_glue, run_pretrain, run_qa
@@ -270,6 +271,21 @@ def test_auto_flattens_for_a_model_that_accepts_it_else_unpads_internally(tokeni
     bert = BertForSequenceClassification(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2))
     plan = plan_padding_free("auto", bert)  # a model without the contract: padded batches, left as they were
     assert not plan.flatten and plan.unpad_inputs is None and plan.configs == []
+
+
+def test_flattened_batches_are_not_dispatched(tmp_path):
+    """Accelerate dispatches an iterable dataset's batches by slicing them along dim 0, which a flattened batch does
+    not have: flattening turns dispatching off, unless the user asked for it (then auto keeps padded batches)."""
+    model = tiny_roformer(modeling_roformer.RoFormerForMaskedLM)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
+    assert args.accelerator_config.dispatch_batches is None
+    assert plan_padding_free("auto", model, args).flatten
+    assert args.accelerator_config.dispatch_batches is False
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", accelerator_config={"dispatch_batches": True})
+    plan = plan_padding_free("auto", model, args)
+    assert not plan.flatten and plan.unpad_inputs == "auto"
+    with pytest.raises(ArgumentError, match=r"--padding_free true and accelerator_config dispatch_batches=True"):
+        plan_padding_free("true", model, args)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
