@@ -1,6 +1,12 @@
 """Run a benchmark suite and print a markdown table; the full report goes to benchmarks/results/<suite>.json.
 
     python -m benchmarks.run --model roformer [--seq-lens 128 512 2048] [--batch 1] [--repeats N] [--quick]
+    python -m benchmarks.run --suite realbatch [--quick] [--families roformer deberta littlebird]
+
+`--suite` names any suite (`--model roformer` and `--suite roformer` are the same run). `realbatch` (see
+benchmarks/realbatch.py) runs every model, real-data workload, mode and variant in one run and also writes
+realbatch.md and a plot, realbatch.png; of the options below it takes --quick (tiny models, one timed batch per
+cell), --families, --threads, --max-other-cpu, --no-memory and --output.
 
 On CPU the torch thread count is fixed for the whole run (`--threads`, default: every core) and recorded; models run
 in float32. With CUDA available they run on the GPU in bfloat16.
@@ -11,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import realbatch
 from .harness import WORKLOADS, Options, format_markdown, run_suite, write_json
 from .registry import SUITES, build_suite, default_seq_lens
 
@@ -19,7 +26,16 @@ QUICK_SEQ_LENS = (128, 512)
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, choices=sorted(SUITES), help="benchmark suite")
+    suite = parser.add_mutually_exclusive_group(required=True)
+    suite.add_argument("--model", choices=sorted(SUITES), help="benchmark suite of one model")
+    suite.add_argument("--suite", choices=[*sorted(SUITES), "realbatch"], help="benchmark suite")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        choices=list(realbatch.FAMILIES),
+        default=list(realbatch.FAMILIES),
+        help="realbatch: the models to run (default: all)",
+    )
     parser.add_argument("--seq-lens", type=int, nargs="+", help="sequence lengths (default: the suite's, 128 512 2048)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument(
@@ -55,8 +71,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def run_realbatch(args: argparse.Namespace) -> int:
+    options = realbatch.Options(
+        quick=args.quick,
+        families=tuple(args.families),
+        threads=args.threads,
+        measure_memory=not args.no_memory,
+        # a quick run only checks that every cell runs: no waiting for a quiet machine
+        max_foreign_cpu=None if args.quick else args.max_other_cpu or None,
+    )
+    report, written = realbatch.main(options, args.output)
+    sys.stdout.write(realbatch.format_markdown(report))
+    print()
+    for kind, where in written.items():
+        print(f"{kind}: {where}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.model = args.model or args.suite
+    if args.model == "realbatch":
+        return run_realbatch(args)
     if args.quick:
         seq_lens = args.seq_lens or list(QUICK_SEQ_LENS)
         repeats, warmup = args.repeats or 3, 1 if args.warmup is None else args.warmup
