@@ -127,7 +127,9 @@ QUICK_WORKLOADS = {
     "sst2": WorkloadSpec("sst2", WORKLOADS["sst2"].description, 4, 1, limit=16),
     "mrpc": WorkloadSpec("mrpc", WORKLOADS["mrpc"].description, 4, 1, limit=16),
     "squad": WorkloadSpec("squad", "SQuAD v1.1 dev windows, max length 96, stride 32", 4, 1, 96, 32, limit=8),
-    "documents": WorkloadSpec("documents", "SQuAD v1.1 dev articles cut into documents of <= 128 tokens", 4, 1, 128),
+    "documents": WorkloadSpec(
+        "documents", "SQuAD v1.1 dev articles cut into documents of <= 128 tokens", 4, 1, 128, limit=16
+    ),
 }
 
 Feature = dict[str, list[int]]
