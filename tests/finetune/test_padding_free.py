@@ -9,11 +9,13 @@ reaches a saved config.json.
 import json
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 import torch
 from conftest import GLUE_DIR, QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers.data import DATA_DIR
+from helpers.pretrain_corpus import TINY as TINY_MODELS
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -24,18 +26,24 @@ from transformers import (
     TrainingArguments,
 )
 
+from posformers.deberta import modeling_deberta
 from posformers.finetune import padding_free, pretrain_data, run_glue, run_pretrain, run_qa
 from posformers.finetune.arguments import RunArguments
 from posformers.finetune.errors import ArgumentError
 from posformers.finetune.padding_free import FlatteningCollator, flatten_batch, plan_padding_free
-from posformers.finetune.pretrain_data import MaskingCollator
+from posformers.finetune.pretrain_data import MaskingCollator, train_tokenizer
+from posformers.littlebird import modeling_littlebird
 from posformers.roformer import modeling_roformer
 
 # Dropout off: the two layouts draw dropout masks of different shapes.
-TINY = (
-    "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,max_position_embeddings=256,"
-    "hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"
-)
+NO_DROPOUT = ",hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"
+TINY = {model_type: overrides + NO_DROPOUT for model_type, overrides in TINY_MODELS.items()}
+BASE_MODELS = {
+    "posformers-roformer": modeling_roformer.RoFormerModel,
+    "posformers-deberta": modeling_deberta.DebertaModel,
+    "littlebird": modeling_littlebird.LittleBirdModel,
+}
+ROFORMER = "posformers-roformer"
 STEPS = 20
 TOLERANCE = 1e-5
 SQUAD_DEV = DATA_DIR / "qa" / "squad_v1.1" / "dev-v1.1.json"
@@ -57,18 +65,21 @@ def sentence_pairs(tokenizer, count: int = 6) -> list[dict]:
 
 
 class ForwardSpy:
-    """Records, for every RoFormerModel forward, the config's unpad_inputs and whether the batch came flattened."""
+    """Records, for every forward of a model family's base model, the config's unpad_inputs, whether the batch came
+    flattened and its number of rows."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, model_type: str = ROFORMER):
         self.calls: list[tuple[str, bool, int]] = []
-        forward = modeling_roformer.RoFormerModel.forward
+        base_model = BASE_MODELS[model_type]
+        forward = base_model.forward
 
         def spy(model, input_ids=None, *args, **kwargs):
             flattened = "cu_seq_lens_q" in kwargs and kwargs.get("position_ids") is not None
-            self.calls.append((model.config.unpad_inputs, flattened, input_ids.shape[0]))
+            rows = (input_ids if input_ids is not None else kwargs["inputs_embeds"]).shape[0]
+            self.calls.append((model.config.unpad_inputs, flattened, rows))
             return forward(model, input_ids, *args, **kwargs)
 
-        monkeypatch.setattr(modeling_roformer.RoFormerModel, "forward", spy)
+        monkeypatch.setattr(base_model, "forward", spy)
 
     def layouts(self) -> set[tuple[str, bool]]:
         return {(mode, flattened) for mode, flattened, _ in self.calls}
@@ -89,9 +100,9 @@ def assert_same_run(padded: tuple[dict, Path], flattened: tuple[dict, Path]) -> 
     assert evaluated == {key for key in flat_metrics if key.startswith("eval_") and not key.endswith(TIMING)}
     assert len(evaluated) >= 3
     for key in evaluated:
-        if key == "eval_loss":
-            assert abs(padded_metrics[key] - flat_metrics[key]) <= TOLERANCE
-        else:
+        if key.endswith(("loss", "perplexity")):  # float sums over the tokens, in another order
+            assert flat_metrics[key] == pytest.approx(padded_metrics[key], rel=TOLERANCE, abs=TOLERANCE), key
+        else:  # accuracies, F1, exact match: counts
             assert padded_metrics[key] == flat_metrics[key], key
 
 
@@ -146,88 +157,86 @@ def test_mlm_masks_the_same_tokens_in_both_layouts(tokenizer):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def glue_run(tmp_path: Path, task: str, mode: str) -> tuple[dict, Path]:
-    output_dir = tmp_path / mode
-    metrics = run_glue.main(
-        [
-            *tiny_model_args(overrides=TINY), *QUIET, "--output_dir", str(output_dir), "--padding_free", mode,
-            "--task_name", task, "--data_dir", str(GLUE_DIR / task), "--do_train", "--do_eval",
-            "--max_steps", str(STEPS), "--logging_steps", "1", "--max_eval_samples", "40",
-            "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--learning_rate", "5e-3",
-            "--seed", "3",
-        ]
-    )  # fmt: skip
-    return metrics, output_dir
-
-
-@pytest.mark.parametrize("task", ["sst2", "mrpc"])
-def test_glue_trains_the_same_flattened_and_padded(task, tmp_path, monkeypatch):
-    spy = ForwardSpy(monkeypatch)
-    padded = glue_run(tmp_path, task, "false")
+def padded_and_flattened(run, tmp_path: Path, monkeypatch, model_type: str = ROFORMER):
+    """run(output_dir, padding_free) -> metrics, for --padding_free false and true; checks that the first computed on
+    padded batches with unpad_inputs="never" and the second on flattened ones, and that both saved the model's own
+    unpad_inputs. Returns ((metrics, output_dir), (metrics, output_dir))."""
+    spy = ForwardSpy(monkeypatch, model_type)
+    padded = run(tmp_path / "false", "false"), tmp_path / "false"
     assert spy.layouts() == {("never", False)}
     spy.calls.clear()
-    flattened = glue_run(tmp_path, task, "true")
+    flattened = run(tmp_path / "true", "true"), tmp_path / "true"
     assert spy.layouts() == {("auto", True)} and {rows for *_, rows in spy.calls} == {1}
-    assert_same_run(padded, flattened)
     assert saved_unpad_inputs(tmp_path / "false") == saved_unpad_inputs(tmp_path / "true") == "auto"
+    return padded, flattened
 
 
-def qa_run(tmp_path: Path, mode: str) -> tuple[dict, Path]:
-    output_dir = tmp_path / mode
-    metrics = run_qa.main(
-        [
-            *tiny_model_args(overrides=TINY), *QUIET, "--output_dir", str(output_dir), "--padding_free", mode,
-            "--train_file", str(SQUAD_DEV), "--validation_file", str(SQUAD_DEV), "--max_train_samples", "40",
-            "--max_eval_samples", "24", "--max_seq_length", "192", "--doc_stride", "64", "--do_train", "--do_eval",
-            "--max_steps", str(STEPS), "--logging_steps", "1", "--per_device_train_batch_size", "8",
-            "--per_device_eval_batch_size", "16", "--learning_rate", "1e-3", "--seed", "3",
-        ]
-    )  # fmt: skip
-    return metrics, output_dir
+def run_args(output_dir: Path, padding_free: str, learning_rate: str = "5e-3") -> list[str]:
+    return [
+        *QUIET, "--output_dir", str(output_dir), "--padding_free", padding_free, "--do_train", "--do_eval",
+        "--max_steps", str(STEPS), "--logging_steps", "1", "--per_device_train_batch_size", "8",
+        "--per_device_eval_batch_size", "16", "--learning_rate", learning_rate, "--seed", "3",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "task, model_type",
+    [("sst2", ROFORMER), ("mrpc", ROFORMER), ("mrpc", "posformers-deberta"), ("mrpc", "littlebird")],
+)
+def test_glue_trains_the_same_flattened_and_padded(task, model_type, tmp_path, monkeypatch):
+    def run(output_dir, padding_free):
+        return run_glue.main(
+            [*tiny_model_args(model_type, TINY[model_type]), *run_args(output_dir, padding_free), "--task_name", task,
+             "--data_dir", str(GLUE_DIR / task), "--max_seq_length", "64", "--max_train_samples", "160",
+             "--max_eval_samples", "40"]
+        )  # fmt: skip
+
+    assert_same_run(*padded_and_flattened(run, tmp_path, monkeypatch, model_type))
 
 
 def test_qa_trains_and_answers_the_same_flattened_and_padded(tmp_path, monkeypatch):
-    spy = ForwardSpy(monkeypatch)
-    padded = qa_run(tmp_path, "false")
-    assert spy.layouts() == {("never", False)}
-    spy.calls.clear()
-    flattened = qa_run(tmp_path, "true")
-    assert spy.layouts() == {("auto", True)}
+    def run(output_dir, padding_free):
+        return run_qa.main(
+            [*tiny_model_args(ROFORMER, TINY[ROFORMER]), *run_args(output_dir, padding_free, "1e-3"),
+             "--train_file", str(SQUAD_DEV), "--validation_file", str(SQUAD_DEV), "--max_train_samples", "40",
+             "--max_eval_samples", "24", "--max_seq_length", "64", "--doc_stride", "24"]
+        )  # fmt: skip
+
+    padded, flattened = padded_and_flattened(run, tmp_path, monkeypatch)
     assert_same_run(padded, flattened)
     assert {"eval_exact_match", "eval_f1"} <= set(flattened[0])
     # the answers themselves, not only their scores
-    assert (tmp_path / "false" / "eval_predictions.json").read_text() == (
-        tmp_path / "true" / "eval_predictions.json"
-    ).read_text()
-    assert saved_unpad_inputs(tmp_path / "true") == "auto"
+    answers = [json.loads((folder / "eval_predictions.json").read_text()) for _, folder in (padded, flattened)]
+    assert answers[0] == answers[1] and len(answers[0]) == 24
 
 
-def mlm_run(tmp_path: Path, corpus: dict, mode: str) -> tuple[dict, Path]:
-    output_dir = tmp_path / mode
-    metrics = run_pretrain.main(
-        [
-            "--model_type", "posformers-roformer", "--config_overrides", TINY, "--tokenizer_name", str(TOKENIZER_DIR),
-            *QUIET, "--output_dir", str(output_dir), "--padding_free", mode, "--train_file", str(corpus["train"]),
-            "--validation_file", str(corpus["validation"]), "--max_seq_length", "32", "--max_train_samples", "200",
-            "--max_eval_samples", "20", "--do_train", "--do_eval", "--max_steps", str(STEPS), "--logging_steps", "1",
-            "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8", "--learning_rate", "1e-3",
-            "--seed", "3",
-        ]
-    )  # fmt: skip
-    return metrics, output_dir
+@pytest.fixture(scope="module")
+def small_vocabulary(corpus, tmp_path_factory) -> Path:
+    """A 500-piece WordPiece tokenizer of the corpus: the MLM heads' projections stay small."""
+    documents = corpus["train"].read_text(encoding="utf-8").splitlines()[:800]
+    folder = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(datasets.Dataset.from_dict({"text": documents}), "wordpiece", 500).save_pretrained(folder)
+    return folder
 
 
-def test_mlm_pretraining_is_the_same_flattened_and_padded(tmp_path, corpus, monkeypatch):
+@pytest.mark.parametrize(
+    "objective, model_type",
+    [("mlm", ROFORMER), ("mlm", "posformers-deberta"), ("mlm", "littlebird"), ("rtd", "posformers-deberta")],
+)
+def test_pretraining_is_the_same_flattened_and_padded(objective, model_type, corpus, small_vocabulary, tmp_path,
+                                                      monkeypatch):  # fmt: skip
     # One document per packing batch: each document ends in a short chunk, so batches hold sequences of many lengths.
     monkeypatch.setattr(pretrain_data, "PACK_BATCH_SIZE", 1)
-    spy = ForwardSpy(monkeypatch)
-    padded = mlm_run(tmp_path, corpus, "false")
-    assert spy.layouts() == {("never", False)}
-    spy.calls.clear()
-    flattened = mlm_run(tmp_path, corpus, "true")
-    assert spy.layouts() == {("auto", True)}
-    assert_same_run(padded, flattened)
-    assert saved_unpad_inputs(tmp_path / "true") == "auto"
+
+    def run(output_dir, padding_free):
+        return run_pretrain.main(
+            ["--objective", objective, "--model_type", model_type, "--config_overrides", TINY[model_type],
+             "--tokenizer_name", str(small_vocabulary), *run_args(output_dir, padding_free, "1e-3"),
+             "--train_file", str(corpus["train"]), "--validation_file", str(corpus["validation"]),
+             "--max_seq_length", "32", "--max_train_samples", "200", "--max_eval_samples", "20"]
+        )  # fmt: skip
+
+    assert_same_run(*padded_and_flattened(run, tmp_path, monkeypatch, model_type))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -242,10 +251,11 @@ def test_saved_configs_keep_the_models_own_unpad_inputs(tmp_path, monkeypatch):
     output_dir = tmp_path / "out"
     run_glue.main(
         [
-            *tiny_model_args(overrides=TINY + ",unpad_inputs=always"), "--report_to", "none", "--disable_tqdm", "True",
-            "--log_level", "error", "--output_dir", str(output_dir), "--padding_free", "false", "--task_name", "sst2",
-            "--data_dir", str(GLUE_DIR / "sst2"), "--do_train", "--do_eval", "--max_steps", "2", "--save_steps", "1",
-            "--max_eval_samples", "8", "--per_device_train_batch_size", "4",
+            *tiny_model_args(ROFORMER, TINY[ROFORMER] + ",unpad_inputs=always"), "--report_to", "none",
+            "--disable_tqdm", "True", "--log_level", "error", "--output_dir", str(output_dir),
+            "--padding_free", "false", "--task_name", "sst2", "--data_dir", str(GLUE_DIR / "sst2"), "--do_train",
+            "--do_eval", "--max_steps", "2", "--save_steps", "1", "--max_train_samples", "8", "--max_eval_samples", "8",
+            "--per_device_train_batch_size", "4",
         ]
     )  # fmt: skip
     assert spy.layouts() == {("never", False)}
@@ -294,7 +304,7 @@ def test_flattened_batches_are_not_dispatched(tmp_path):
 
 
 def test_true_is_refused_for_a_model_without_flattened_batches(tmp_path):
-    bert = ["--model_type", "bert", "--config_overrides", TINY, "--tokenizer_name", str(TOKENIZER_DIR)]
+    bert = tiny_model_args("bert", TINY[ROFORMER])
     with pytest.raises(SystemExit, match=r"--padding_free true: BertForSequenceClassification does not accept"):
         run_glue.main(
             [*bert, *QUIET, "--output_dir", str(tmp_path / "out"), "--padding_free", "true", "--task_name", "sst2",
@@ -306,9 +316,9 @@ def test_true_is_refused_for_a_model_without_flattened_batches(tmp_path):
 def test_true_with_pad_to_max_length_is_refused(tmp_path):
     with pytest.raises(SystemExit, match=r"--padding_free true and --pad_to_max_length contradict each other"):
         run_qa.main(
-            [*tiny_model_args(overrides=TINY), *QUIET, "--output_dir", str(tmp_path / "out"), "--padding_free", "true",
-             "--pad_to_max_length", "--train_file", str(SQUAD_DEV), "--max_train_samples", "2", "--do_train",
-             "--max_steps", "1"]
+            [*tiny_model_args(ROFORMER, TINY[ROFORMER]), *QUIET, "--output_dir", str(tmp_path / "out"),
+             "--padding_free", "true", "--pad_to_max_length", "--doc_stride", "16", "--train_file", str(SQUAD_DEV),
+             "--max_train_samples", "2", "--do_train", "--max_steps", "1"]
         )  # fmt: skip
 
 
