@@ -322,12 +322,19 @@ def test_true_with_pad_to_max_length_is_refused(tmp_path):
         )  # fmt: skip
 
 
-def test_true_is_refused_for_distillation_and_bad_values_are_named():
-    model = tiny_roformer(modeling_roformer.RoFormerForMaskedLM)
-    with pytest.raises(ArgumentError, match=r"--padding_free true: .*inserts padding"):
-        plan_padding_free(
-            "true", model, flattenable=False, reason="--objective distill inserts padding into the student's batches"
-        )
+def test_true_is_refused_for_distillation(corpus, small_vocabulary, tmp_path):
+    """Padding Insertion puts padding into the student's batches on purpose: they stay padded."""
+    with pytest.raises(SystemExit, match=r"--padding_free true: --objective distill inserts padding"):
+        run_pretrain.main(
+            ["--objective", "distill", "--model_type", "littlebird", "--config_overrides", TINY["littlebird"],
+             "--tokenizer_name", str(small_vocabulary), "--teacher_name_or_path", str(tmp_path / "never-loaded"),
+             "--train_file", str(corpus["train"]), "--max_train_samples", "20", "--max_seq_length", "32",
+             *run_args(tmp_path / "out", "true")]
+        )  # fmt: skip
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_bad_values_are_named():
     with pytest.raises(ArgumentError, match=r"--padding_free must be one of auto, true, false, got 'yes'"):
         RunArguments(padding_free="yes")
     with pytest.raises(ArgumentError, match=r"--padding_free must be one of"):
