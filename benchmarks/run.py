@@ -64,7 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--max-other-cpu",
         type=float,
         default=10.0,
-        help="redo a timed round when other processes used more than this %% of the CPU during it (0: never redo)",
+        help="redo a timed round when other processes used more than this %% of the CPU during it (0: never redo); "
+        "realbatch waits (up to 5 s) before each round until they use less",
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     parser.add_argument("--output", type=Path, help="JSON path (default: benchmarks/results/<model>.json)")
