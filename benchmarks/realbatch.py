@@ -774,10 +774,11 @@ def format_markdown(report: dict[str, Any]) -> str:
             f"({verdict} within {EQUIVALENCE_TOLERANCE:g}); padding-free path ran: {ran}"
         )
     lines += [f"- {note}" for note in report["notes"]]
-    lines.append(
-        "- (=): LengthGroupedSampler groups nothing in this workload (fewer than 8 batches per epoch), so the "
-        "transformers measurement is reported."
-    )
+    if any("same_batches_as" in cell["variants"]["transformers-grouped"] for cell in report["cells"]):
+        lines.append(
+            "- (=): LengthGroupedSampler groups nothing in this workload (fewer than 8 batches per epoch), so the "
+            "transformers measurement is reported."
+        )
     if report.get("memory_method"):
         lines.append(f"- Peak memory: {report['memory_method']}")
     lines.append(f"- Wall time of the run: {report['wall_s'] / 60:.1f} min.")
