@@ -16,6 +16,11 @@ USWAttn gives each query token one softmax over the `s` unpacked keys K(Cp) and 
 It runs on a blocked layout: the key blocks of every query block are gathered through a per-example table, so the cost
 and memory are O(B H L (s + 4b)) and no (L x L) tensor is ever built.
 
+Padding-free execution (`config.unpad_inputs`, flattened batches): the embeddings, every projection, the feed-forward
+blocks and the LayerNorms run on the real tokens only, packed into one (1, N, d) row; the attentions stay per example
+(block pattern, BiALiBi, pack attention with per-example pack states), run on length groups of the examples, each
+group padded to whole blocks (`PackedLayout`, `LittleBirdLayer.packed_attention`).
+
 Reads top to bottom in the order data flows: block-sparse math (small pure functions), embeddings, attention, layer,
 encoder, pre-trained base, base model, heads. This file imports only torch, transformers and its sibling
 `configuration_littlebird.py`: `save_pretrained` copies both to the Hub for `trust_remote_code` users.
