@@ -74,6 +74,7 @@ VOCAB = DATA_DIR / "vocab" / "bert-base-uncased" / "vocab.txt"
 SEED = 0
 VARIANTS = ("padding-free", "padded", "transformers", "transformers-grouped")
 MODES = ("inference", "train")
+KINDS = ("posformers", "transformers")
 # Largest |difference| at real tokens for outputs called equal (float32, 12 layers).
 EQUIVALENCE_TOLERANCE = 1e-4
 MAX_PADDING_COST = 1.15
@@ -325,6 +326,11 @@ def _littlebird_models(quick: bool):
     return model, BigBirdModel(bigbird, add_pooling_layer=False), dict(size, block_size=block)
 
 
+def _per_ktoken(inference: tuple[float, float], train: tuple[float, float]) -> dict[tuple[str, str], float]:
+    """Family.seconds_per_ktoken from (posformers, transformers) costs per mode."""
+    return {(kind, mode): cost for mode, costs in zip(MODES, (inference, train)) for kind, cost in zip(KINDS, costs)}
+
+
 FAMILIES = {
     "roformer": Family(
         "roformer",
@@ -334,12 +340,7 @@ FAMILIES = {
         token_types=True,
         same_weights=True,
         build=_roformer_models,
-        seconds_per_ktoken={
-            ("posformers", "inference"): 1.0,
-            ("transformers", "inference"): 1.1,
-            ("posformers", "train"): 3.0,
-            ("transformers", "train"): 3.2,
-        },
+        seconds_per_ktoken=_per_ktoken(inference=(1.0, 1.1), train=(3.0, 3.2)),
         optimizer_step_s=0.7,
     ),
     "deberta": Family(
@@ -350,12 +351,7 @@ FAMILIES = {
         token_types=False,  # DeBERTa-v3 has no token types (type_vocab_size 0)
         same_weights=True,
         build=_deberta_models,
-        seconds_per_ktoken={
-            ("posformers", "inference"): 1.15,
-            ("transformers", "inference"): 1.9,
-            ("posformers", "train"): 3.5,
-            ("transformers", "train"): 5.5,
-        },
+        seconds_per_ktoken=_per_ktoken(inference=(1.15, 1.9), train=(3.5, 5.5)),
         optimizer_step_s=1.0,
     ),
     "littlebird": Family(
@@ -366,12 +362,7 @@ FAMILIES = {
         token_types=False,
         same_weights=False,
         build=_littlebird_models,
-        seconds_per_ktoken={
-            ("posformers", "inference"): 1.1,
-            ("transformers", "inference"): 2.1,
-            ("posformers", "train"): 4.3,
-            ("transformers", "train"): 7.3,
-        },
+        seconds_per_ktoken=_per_ktoken(inference=(1.1, 2.1), train=(4.3, 7.3)),
         optimizer_step_s=0.6,
     ),
 }
@@ -637,7 +628,10 @@ def run_realbatch(options: Options) -> dict[str, Any]:
             for (family, _), workload_plans in plans.items()
         )
         report["estimated_s"] = estimate
-        _log(f"estimated run time: {estimate / 60:.0f} min (from token counts; models built and checked on top)")
+        _log(
+            f"estimated run time: {estimate / 60:.0f} min from the token counts (per-token costs of batch-1 runs, "
+            "likely high for batches of short sentences), plus 1-2 min building models and comparing outputs"
+        )
     # The gc.collect() before each timed step then skips the long-lived objects (the libraries, the workloads).
     gc.collect()
     gc.freeze()
