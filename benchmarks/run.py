@@ -50,7 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help=f"smoke run: lengths {' '.join(map(str, QUICK_SEQ_LENS))}, 3 timed runs, 1 warmup",
     )
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads on CPU")
+    parser.add_argument(
+        "--threads", type=int, help="torch.set_num_threads on CPU (default: every core; realbatch --quick: 1)"
+    )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument(
         "--dtype", choices=("float32", "bfloat16", "float16"), help="default: bfloat16 on CUDA, float32 on CPU"
@@ -76,9 +78,10 @@ def run_realbatch(args: argparse.Namespace) -> int:
     options = realbatch.Options(
         quick=args.quick,
         families=tuple(args.families),
-        threads=args.threads,
+        # A quick run of tiny models gains nothing from a second thread and, on a busy machine, loses a lot to it.
+        threads=args.threads or (1 if args.quick else os.cpu_count()),
         measure_memory=not args.no_memory,
-        # a quick run only checks that every cell runs: no waiting for a quiet machine
+        # A quick run only checks that every cell runs: no waiting for a quiet machine.
         max_foreign_cpu=None if args.quick else args.max_other_cpu or None,
     )
     report, written = realbatch.main(options, args.output)
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
         workloads=args.workloads,
         repeats=repeats,
         warmup=warmup,
-        threads=args.threads,
+        threads=args.threads or os.cpu_count(),
         device=args.device,
         dtype=args.dtype,
         measure_memory=not args.no_memory,
