@@ -150,6 +150,18 @@ def test_groups_of_different_widths_give_each_example_its_own_rows():
         assert max_diff(outputs["always"].pack_states[row], alone.pack_states[0]) <= 1e-5
 
 
+def test_inputs_embeds_and_broadcast_token_types_are_packed_like_input_ids():
+    model = tiny_model(unpad_inputs="always")
+    input_ids, attention_mask, _ = padded_batch([9, 4, 6], 9)
+    token_type_ids = (torch.arange(9) >= 3).long()[None]  # (1, L), broadcast over the batch
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(input_ids)
+        actual = model(inputs_embeds=embeds, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        set_mode(model, "never")
+        expected = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids.expand(3, -1))
+    assert max_diff(actual.last_hidden_state, expected.last_hidden_state, attention_mask) <= TOLERANCE
+
+
 def test_auto_runs_the_padded_path_without_padding_and_packs_with_it(monkeypatch):
     model = tiny_model()
     built = []
