@@ -1075,6 +1075,10 @@ class RoFormerModel(RoFormerPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> RoFormerModelOutput | tuple:
+        """Padded batches run padding-free as `config.unpad_inputs` says; a flattened batch (position_ids restarting
+        at 0 in one row, optionally with DataCollatorWithFlattening's cu_seq_lens_q/k and max_length_q/k) always
+        runs per sequence and returns (1, N, d). `unpad_blocker` (a kwarg, for heads) names what keeps this pass
+        padded."""
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
