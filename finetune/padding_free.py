@@ -56,18 +56,21 @@ def unpad_configs(model) -> list:
 
 
 def flatten_batch(batch: dict, token_keys: tuple[str, ...]) -> dict:
-    """A padded batch (right-padded `attention_mask` (B, L)) -> transformers' padding-free format.
+    """A padded batch (`attention_mask` (B, L): each row's tokens in one run, padded on either side) -> transformers'
+    padding-free format.
 
     token_keys: the (B, L) tensors to keep at real tokens only, as (1, N); `attention_mask` is dropped; every other
     tensor is per sequence ((B, ...), kept as it is). Adds position_ids (1, N), restarting at 0 for each sequence,
     cu_seq_lens_q/k (B + 1,) int32 and max_length_q/k (ints).
     """
     mask = batch["attention_mask"].bool()
-    if not bool((mask[:, 1:] <= mask[:, :-1]).all()):
-        raise ValueError("attention_mask: a flattened batch is built from right-padded rows (tokenizer.padding_side)")
     lengths = mask.sum(dim=1)
     if not bool((lengths > 0).all()):
         raise ValueError("attention_mask: a row without tokens cannot be flattened")
+    columns = torch.arange(mask.shape[1])
+    positions = columns - mask.long().argmax(dim=1, keepdim=True)  # (B, L): 0 at each row's first token
+    if not torch.equal(mask, (positions >= 0) & (positions < lengths[:, None])):
+        raise ValueError("attention_mask: a row has padding between its tokens, which a flattened batch cannot keep")
     real = mask.flatten()
     flat = {}
     for key, value in batch.items():
@@ -79,7 +82,6 @@ def flatten_batch(batch: dict, token_keys: tuple[str, ...]) -> dict:
             flat[key] = value.flatten(0, 1)[real][None]
         else:
             flat[key] = value
-    positions = torch.arange(mask.shape[1]).expand_as(mask)
     cu_seq_lens = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
     longest = int(lengths.max())
     flat.update(
@@ -93,7 +95,7 @@ def flatten_batch(batch: dict, token_keys: tuple[str, ...]) -> dict:
 
 
 class FlatteningCollator:
-    """Collates with `base_collator` (padded, right-padded rows) and flattens the result (`flatten_batch`).
+    """Collates with `base_collator` (padded batches) and flattens the result (`flatten_batch`).
 
     token_keys: the per-token keys of the batch besides input_ids; labels count as per-token only where listed (MLM),
     else as per-sequence (classification labels, QA start/end positions).

@@ -132,12 +132,24 @@ def test_flattened_batch_is_transformers_format_with_every_key(tokenizer):
     assert "attention_mask" not in flat
 
 
-def test_flattening_refuses_left_padding(tokenizer):
-    features = sentence_pairs(tokenizer, 3)
-    left = DataCollatorWithPadding(tokenizer)(features)
-    left = {key: value.flip(-1) if value.dim() == 2 else value for key, value in left.items()}
-    with pytest.raises(ValueError, match="attention_mask: a flattened batch is built from right-padded rows"):
-        flatten_batch(left, ("input_ids", "token_type_ids"))
+def test_left_padding_flattens_alike_and_holes_are_refused(tokenizer):
+    features = sentence_pairs(tokenizer, 4)
+    right = flatten_batch(dict(DataCollatorWithPadding(tokenizer)(features)), ("input_ids", "token_type_ids"))
+    tokenizer.padding_side = "left"
+    try:
+        left = DataCollatorWithPadding(tokenizer)(features)
+    finally:
+        tokenizer.padding_side = "right"
+    assert not left["attention_mask"][:, 0].all()  # really left-padded
+    flat = flatten_batch(dict(left), ("input_ids", "token_type_ids"))
+    assert flat.keys() == right.keys()
+    for key, value in flat.items():
+        assert torch.equal(torch.as_tensor(value), torch.as_tensor(right[key])), key
+    holes = dict(left)
+    holes["attention_mask"] = left["attention_mask"].clone()
+    holes["attention_mask"][0, -2] = 0
+    with pytest.raises(ValueError, match="attention_mask: a row has padding between its tokens"):
+        flatten_batch(holes, ("input_ids", "token_type_ids"))
 
 
 def test_mlm_masks_the_same_tokens_in_both_layouts(tokenizer):
