@@ -251,6 +251,28 @@ def test_pretraining_is_the_same_flattened_and_padded(objective, model_type, cor
     assert_same_run(*padded_and_flattened(run, tmp_path, monkeypatch, model_type))
 
 
+def test_distillation_keeps_padded_batches_that_the_student_unpads_itself(corpus, small_vocabulary, tmp_path,
+                                                                         monkeypatch):  # fmt: skip
+    """auto: Padding Insertion's batches stay padded and the student (configured "never") runs with
+    unpad_inputs="auto", its saved config still saying "never"."""
+    teacher = modeling_roformer.RoFormerForMaskedLM(
+        AutoConfig.for_model(ROFORMER, vocab_size=len(AutoTokenizer.from_pretrained(small_vocabulary)), hidden_size=32,
+                             num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    )  # fmt: skip
+    teacher.save_pretrained(tmp_path / "teacher")
+    spy = ForwardSpy(monkeypatch, "littlebird")
+    run_pretrain.main(
+        ["--objective", "distill", "--model_type", "littlebird", "--config_overrides",
+         TINY["littlebird"] + ",unpad_inputs=never", "--tokenizer_name", str(small_vocabulary),
+         "--teacher_name_or_path", str(tmp_path / "teacher"), "--train_file", str(corpus["train"]),
+         "--max_train_samples", "40", "--max_seq_length", "32",
+         "--padding_insertion_max_length", "48", *QUIET, "--output_dir", str(tmp_path / "out"), "--do_train",
+         "--max_steps", "2", "--per_device_train_batch_size", "4"]
+    )  # fmt: skip
+    assert spy.layouts() == {("auto", False)}
+    assert saved_unpad_inputs(tmp_path / "out") == "never"
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The run-time setting and the saved config
 # ---------------------------------------------------------------------------------------------------------------------
