@@ -11,6 +11,8 @@
 Also `python -m posformers.finetune.run_glue` and, in Python, `posformers.finetune.run_glue.main([...])`. Every
 `TrainingArguments` flag works (`--eval_strategy`, `--save_steps`, `--push_to_hub`, `--resume_from_checkpoint True`,
 `--ddp_backend`, `--fsdp`, `--deepspeed`, ...); under torchrun / accelerate launch Trainer runs it distributed.
+`--padding_free auto|true|false` (default auto): flattened batches for the posformers models, or padded ones
+(finetune/padding_free.py).
 
 What it writes into --output_dir: the model and tokenizer (`save_pretrained`), train/eval `*_results.json`
 and `all_results.json`, and for --do_predict the test predictions in GLUE's submission format: `<TASK>.tsv`

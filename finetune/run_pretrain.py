@@ -15,6 +15,8 @@
 Also `python -m posformers.finetune.run_pretrain` and `posformers.finetune.run_pretrain.main([...])`. Every
 `TrainingArguments` flag works (`--save_steps`, `--resume_from_checkpoint True`, `--eval_strategy steps`,
 `--eval_on_start`, `--push_to_hub`, `--bf16`, torchrun, ...). Data options: finetune/pretrain_data.py.
+`--padding_free auto|true|false` (default auto): flattened batches for mlm and rtd (the same masks and samples as
+padded ones); distill keeps its padded batches (finetune/padding_free.py).
 
 Without `--model_name_or_path` the model is new: its config comes from `--model_type` (+ `--config_overrides`) or
 `--config_name`, and its vocabulary size and special token ids from the tokenizer. `--train_tokenizer wordpiece|unigram`

@@ -2,7 +2,9 @@
 
 The arguments are those of transformers' examples/pytorch/question-answering/run_qa.py plus every TrainingArguments
 flag; the model, config and tokenizer load through the Auto classes (`import posformers` registers RoFormer, DeBERTa
-and LittleBird), so all three families and any transformers QA model work the same way.
+and LittleBird), so all three families and any transformers QA model work the same way. `--padding_free
+auto|true|false` (default auto) feeds the posformers models flattened batches (finetune/padding_free.py); their QA
+heads then give per-window logits of the longest window's length, as a padded batch does.
 
     posformers-qa --model_name_or_path path/to/model --train_file train-v1.1.json --validation_file dev-v1.1.json \
         --do_train --do_eval --output_dir out/squad
