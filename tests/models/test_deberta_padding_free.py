@@ -370,3 +370,38 @@ def test_inference_cache_keys_on_the_group_width():
     assert model.deberta.plan_packing((6, 40), attention_mask, None, False, {}, None).groups().__len__() > 1
     real = attention_mask.bool()
     assert (cached[real] - uncached[real]).abs().max() <= TOLERANCE
+
+
+def test_inputs_embeds_and_per_token_inputs_broadcast_over_the_batch():
+    """inputs_embeds, and token_type_ids / position_ids of shape (1, L) that broadcast over the batch, are packed as
+    the padded path reads them (v1 adds both to its input)."""
+    model = build("base", "v1").eval()
+    input_ids, attention_mask, token_type_ids = make_batch()
+    inputs = dict(
+        inputs_embeds=model.get_input_embeddings()(input_ids),
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids[:1],
+        position_ids=torch.arange(17).flip(0)[None],
+    )
+    real = attention_mask.bool()
+    with torch.no_grad():
+        model.config.unpad_inputs = "never"
+        expected = model(**inputs).last_hidden_state
+        model.config.unpad_inputs = "always"
+        actual = model(**inputs).last_hidden_state
+    assert (actual[real] - expected[real]).abs().max() <= TOLERANCE
+
+
+def test_enhanced_mask_decoder_reads_the_given_position_ids_packed():
+    model = build("mlm", "v3").eval()
+    input_ids, attention_mask, _ = make_batch()
+    position_ids = torch.randint(0, 64, input_ids.shape, generator=torch.Generator().manual_seed(3))
+    real = attention_mask.bool()
+    with torch.no_grad():
+        model.config.unpad_inputs = "never"
+        expected = model(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        model.config.unpad_inputs = "always"
+        actual = model(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        default = model(input_ids, attention_mask=attention_mask).logits
+    assert (actual[real] - expected[real]).abs().max() <= TOLERANCE
+    assert (default[real] - expected[real]).abs().max() > 1e-3  # the positions matter
