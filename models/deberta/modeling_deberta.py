@@ -1,10 +1,11 @@
 """PyTorch DeBERTa v1, v2 and v3 (He et al. 2021, "DeBERTa: Decoding-enhanced BERT with Disentangled Attention";
 He et al. 2023, "DeBERTaV3").
 
-Reads top to bottom in the order data flows: relative positions, embeddings, disentangled attention, layer,
-convolution, encoder, pre-trained base, base model, heads. Parameter names are those of the official checkpoints in
-Hugging Face format (`deberta.*`, `lm_predictions.lm_head.*`, `mask_predictions.*`, `pooler.*`, `classifier.*`), so
-they load unchanged; v1 checkpoints keep their fused `in_proj` layout (`config.projection_layout="fused"`).
+Reads top to bottom in the order data flows: relative positions, padding-free packing, embeddings, disentangled
+attention, layer, convolution, encoder, pre-trained base, base model, heads. Parameter names are those of the official
+checkpoints in Hugging Face format (`deberta.*`, `lm_predictions.lm_head.*`, `mask_predictions.*`, `pooler.*`,
+`classifier.*`), so they load unchanged; v1 checkpoints keep their fused `in_proj` layout
+(`config.projection_layout="fused"`).
 
 Speed: the content-to-position and position-to-content scores are computed per layer as two small (L x 2k) tables,
 gathered once into an additive (L x L) bias (one index per query/key pair) and handed to
@@ -12,6 +13,12 @@ gathered once into an additive (L x L) bias (one index per query/key pair) and h
 forward. Only the rows of the relative embedding table that the sequence length can reach are used. In inference the
 projections of that table (weights only) are cached per layer and the position buffers are shared by the layers
 (`InferenceCache`).
+
+Padding-free (`config.unpad_inputs`, flattened batches): the real tokens run as one packed (1, N) row through the
+embeddings, projections, FFN and norms; attention runs per length group of sequences (`grouped_attention`), each group
+with the relative positions of its own width, the position projections computed once per layer for the longest
+sequence and sliced per group; the v2 convolution runs per sequence. The heads read the packing from
+`outputs.packing`.
 
 This file imports only torch, transformers and its sibling `configuration_deberta.py`: `save_pretrained` copies both
 to the Hub for `trust_remote_code` users.
