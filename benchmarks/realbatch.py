@@ -43,7 +43,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,8 @@ class WorkloadSpec:
     # The warm-up batch: the first warmup_rows examples of the epoch's cheapest batch, cut to warmup_width tokens.
     warmup_rows: int = 4
     warmup_width: int = 128
+    # Batch size of the training step where it differs from inference (None: the same): what fits in memory.
+    train_batch_size: int | None = None
 
 
 WORKLOADS = {
@@ -122,6 +124,8 @@ WORKLOADS = {
         4,
         1,
         4096,
+        # 4 x 4096 tokens of BigBird's training step need more than this machine's 24 GiB (it was killed for memory).
+        train_batch_size=2,
     ),
 }
 QUICK_WORKLOADS = {
@@ -129,7 +133,13 @@ QUICK_WORKLOADS = {
     "mrpc": WorkloadSpec("mrpc", WORKLOADS["mrpc"].description, 4, 1, limit=16),
     "squad": WorkloadSpec("squad", "SQuAD v1.1 dev windows, max length 96, stride 32", 4, 1, 96, 32, limit=8),
     "documents": WorkloadSpec(
-        "documents", "SQuAD v1.1 dev articles cut into documents of <= 128 tokens", 4, 1, 128, limit=16
+        "documents",
+        "SQuAD v1.1 dev articles cut into documents of <= 128 tokens",
+        4,
+        1,
+        128,
+        limit=16,
+        train_batch_size=2,
     ),
 }
 
@@ -576,7 +586,8 @@ def _workload_plans(features: list[Feature], spec: WorkloadSpec, token_types: bo
     return {name: grouped_plan if name == "transformers-grouped" else random_plan for name in VARIANTS}
 
 
-def run_realbatch(options: Options) -> dict[str, Any]:
+def run_realbatch(options: Options, on_cell: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run every cell; `on_cell(report)` after each one, so a run that dies leaves the cells it finished."""
     device, dtype = torch.device("cpu"), torch.float32
     threads = options.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -620,12 +631,22 @@ def run_realbatch(options: Options) -> dict[str, Any]:
         for family in options.families
         for workload in FAMILIES[family].workloads
     }
-    for (_, workload), workload_plans in plans.items():
-        report["workloads"].setdefault(workload, workload_summary(specs[workload], features[workload], workload_plans))
+    for family in options.families:
+        for workload in FAMILIES[family].workloads:
+            if specs[workload].train_batch_size is not None:
+                train_spec = replace(specs[workload], batch_size=specs[workload].train_batch_size)
+                train_plans = _workload_plans(features[workload], train_spec, FAMILIES[family].token_types)
+                plans[family, workload, "train"] = train_plans
+    for key, workload_plans in plans.items():
+        if len(key) == 2:
+            summary = workload_summary(specs[key[1]], features[key[1]], workload_plans)
+            report["workloads"].setdefault(key[1], summary)
+        else:
+            report["workloads"][key[1]]["train_batch_size"] = specs[key[1]].train_batch_size
     if not options.quick:
         estimate = sum(
             estimate_seconds(FAMILIES[family], workload_plans, options.measure_memory)
-            for (family, _), workload_plans in plans.items()
+            for (family, *_), workload_plans in plans.items()
         )
         report["estimated_s"] = estimate
         _log(
@@ -637,7 +658,7 @@ def run_realbatch(options: Options) -> dict[str, Any]:
     gc.freeze()
     try:
         for family_name in options.families:
-            _run_family(FAMILIES[family_name], plans, options, report, started)
+            _run_family(FAMILIES[family_name], plans, options, report, started, on_cell)
     finally:
         gc.unfreeze()
     report["environment"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
@@ -651,6 +672,7 @@ def _run_family(
     options: Options,
     report: dict[str, Any],
     started: float,
+    on_cell: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     model, reference, size = family.build(options.quick)
     report["families"][family.name] = {
@@ -679,7 +701,8 @@ def _run_family(
                 optimizer = optimizers.setdefault(id(runner.model), torch.optim.AdamW(runner.model.parameters(), 1e-5))
                 runner.optimizer = optimizer
         for workload in family.workloads:
-            cell = run_cell(runners, plans[family.name, workload], options.measure_memory, options.max_foreign_cpu)
+            workload_plans = plans.get((family.name, workload, mode), plans[family.name, workload])
+            cell = run_cell(runners, workload_plans, options.measure_memory, options.max_foreign_cpu)
             ratios = cell_ratios(cell["variants"])
             report["cells"].append(
                 {
@@ -692,6 +715,8 @@ def _run_family(
                 }
             )
             _log(f"[{time.perf_counter() - started:6.0f}s] {family.name} {workload} {mode} done")
+            if on_cell is not None:
+                on_cell(report)
         for runner in runners.values():
             runner.optimizer = None
         del optimizers
@@ -723,7 +748,9 @@ def format_markdown(report: dict[str, Any]) -> str:
     ]
     for name, workload in report["workloads"].items():
         lines.append(
-            f"| {name}: {workload['description']} | {workload['examples']} | {workload['batch_size']} | "
+            f"| {name}: {workload['description']} | {workload['examples']} | {workload['batch_size']}"
+            + (f" (train {workload['train_batch_size']})" if workload.get("train_batch_size") else "")
+            + " | "
             f"{workload['timed_batches']} of {workload['batches_per_epoch']} | "
             f"{workload['tokens_per_example_mean']:.0f} / {workload['tokens_per_example_max']} | "
             f"{workload['real_token_fraction_timed']:.2f} / {workload['real_token_fraction_grouped_timed']:.2f} |"
@@ -812,6 +839,15 @@ def _quiet_transformers():
 
 def main(options: Options, json_path: Path | None = None) -> tuple[dict[str, Any], dict[str, Path | str]]:
     """Run the benchmark and write its outputs: (report, what `write_outputs` wrote)."""
+    json_path = json_path or RESULTS_DIR / "realbatch.json"
+    partial = json_path.with_suffix(".partial.json")
+
+    def save_partial(report: dict[str, Any]) -> None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({**report, "complete": False}, indent=2) + "\n")
+
     with _quiet_transformers():
-        report = run_realbatch(options)
-    return report, write_outputs(report, json_path)
+        report = run_realbatch(options, on_cell=save_partial)
+    written = write_outputs(report, json_path)
+    partial.unlink(missing_ok=True)
+    return report, written
