@@ -137,3 +137,44 @@ def sim_generation_reference(reference, prompt: torch.Tensor, steps: int):
         step = reference(token, token_type_ids=torch.ones_like(token), past_key_values=cache, use_cache=True)
         logits.append(step.logits)
     return tokens, logits
+
+
+def sst2_token_ids(count: int) -> list[list[int]]:
+    """Token ids (BERT uncased vocabulary) of the first `count` SST-2 dev sentences: real text of different lengths."""
+    from transformers import BertTokenizer
+
+    from .data import DATA_DIR
+
+    tokenizer = BertTokenizer.from_pretrained(DATA_DIR / "vocab" / "bert-base-uncased")
+    lines = (DATA_DIR / "glue" / "sst2" / "dev.tsv").read_text().splitlines()[1 : count + 1]
+    return [tokenizer(line.split("\t")[0])["input_ids"] for line in lines]
+
+
+def flattened(sentences: list[list[int]], cu_seq_lens: bool) -> dict:
+    """transformers' DataCollatorWithFlattening batch of `sentences` (labels dropped), with cu_seq_lens_q/k and
+    max_length_q/k when `cu_seq_lens`."""
+    from transformers import DataCollatorWithFlattening
+
+    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=cu_seq_lens)([{"input_ids": s} for s in sentences])
+    batch.pop("labels")
+    return batch
+
+
+def check_flattened_refusals(model, batch: dict) -> None:
+    """A model taking flattened batches refuses, each with its one-line error, a flattened `batch` (with cu_seq_lens)
+    contradicted by a padding mask, by cu_seq_lens, by cu_seq_lens_q != cu_seq_lens_k, by position_ids that do not
+    count 0, 1, 2, ..., and combined with output_attentions."""
+    mask = torch.ones_like(batch["input_ids"])
+    mask[0, -1] = 0
+    with pytest.raises(ValueError, match=r"position_ids restart at 0 .* but attention_mask marks padding"):
+        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask)
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q/cu_seq_lens_k .* contradict"):
+        model(**{**batch, "cu_seq_lens_q": batch["cu_seq_lens_q"] + 1, "cu_seq_lens_k": batch["cu_seq_lens_q"] + 1})
+    with pytest.raises(ValueError, match="cu_seq_lens_q and cu_seq_lens_k differ"):
+        model(**{**batch, "cu_seq_lens_k": batch["cu_seq_lens_k"].flip(0)})
+    wrong = batch["position_ids"].clone()
+    wrong[0, 3] += 1
+    with pytest.raises(ValueError, match="position_ids of a flattened batch must count 0, 1, 2"):
+        model(input_ids=batch["input_ids"], position_ids=wrong)
+    with pytest.raises(ValueError, match="output_attentions"):
+        model(**batch, output_attentions=True)

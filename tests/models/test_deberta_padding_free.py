@@ -8,8 +8,14 @@ import pytest
 import torch
 import transformers
 from helpers.data import DATA_DIR
-from helpers.modeling import check_activation_checkpointing, make_batch, tiny_config
-from transformers import DataCollatorWithFlattening
+from helpers.modeling import (
+    check_activation_checkpointing,
+    check_flattened_refusals,
+    flattened,
+    make_batch,
+    sst2_token_ids,
+    tiny_config,
+)
 
 from posformers import (
     DebertaConfig,
@@ -233,17 +239,9 @@ def test_unpad_inputs_is_validated():
 @pytest.fixture(scope="module")
 def sentences() -> list[list[int]]:
     """Token ids of SST-2 dev sentences (BERT uncased vocabulary), of different lengths, beyond the relative span."""
-    tokenizer = transformers.BertTokenizer.from_pretrained(DATA_DIR / "vocab" / "bert-base-uncased")
-    lines = (DATA_DIR / "glue" / "sst2" / "dev.tsv").read_text().splitlines()[1:6]
-    ids = [tokenizer(line.split("\t")[0])["input_ids"] for line in lines]
+    ids = sst2_token_ids(5)
     assert len({len(i) for i in ids}) > 2 and max(len(i) for i in ids) > 16
     return ids
-
-
-def flattened(sentences, cu_seq_lens: bool):
-    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=cu_seq_lens)([{"input_ids": s} for s in sentences])
-    batch.pop("labels")
-    return batch
 
 
 @pytest.mark.parametrize("cu_seq_lens", [False, True], ids=["position-ids", "cu-seq-lens"])
@@ -306,21 +304,7 @@ def test_flattened_batch_to_multiple_choice_names_position_ids(sentences):
 
 def test_contradicting_flattened_inputs_are_refused(sentences):
     model = build("base", "v3", vocab_size=30522, max_position_embeddings=64).eval()
-    batch = flattened(sentences, cu_seq_lens=True)
-    with pytest.raises(ValueError, match="attention_mask marks padding"):
-        mask = torch.ones_like(batch["input_ids"])
-        mask[0, -1] = 0
-        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask)
-    with pytest.raises(ValueError, match=r"cu_seq_lens_q/cu_seq_lens_k .* contradict"):
-        model(**{**batch, "cu_seq_lens_q": batch["cu_seq_lens_q"] + 1, "cu_seq_lens_k": batch["cu_seq_lens_q"] + 1})
-    with pytest.raises(ValueError, match="cu_seq_lens_q and cu_seq_lens_k differ"):
-        model(**{**batch, "cu_seq_lens_k": batch["cu_seq_lens_k"].flip(0)})
-    wrong = batch["position_ids"].clone()
-    wrong[0, 3] += 1
-    with pytest.raises(ValueError, match="position_ids of a flattened batch must count 0, 1, 2"):
-        model(input_ids=batch["input_ids"], position_ids=wrong)
-    with pytest.raises(ValueError, match="output_attentions"):
-        model(**batch, output_attentions=True)
+    check_flattened_refusals(model, flattened(sentences, cu_seq_lens=True))
 
 
 # --- Precision, compilation, checkpointing --------------------------------------------------------------------------

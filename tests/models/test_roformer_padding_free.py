@@ -6,10 +6,15 @@ and compares outputs at real tokens, losses and every parameter's gradient.
 
 import pytest
 import torch
-import transformers
 from helpers.data import DATA_DIR
-from helpers.modeling import check_activation_checkpointing, tiny_config
-from transformers import DataCollatorWithFlattening, DataCollatorWithPadding
+from helpers.modeling import (
+    check_activation_checkpointing,
+    check_flattened_refusals,
+    flattened,
+    sst2_token_ids,
+    tiny_config,
+)
+from transformers import BertTokenizer, DataCollatorWithPadding
 
 from posformers import (
     RoFormerConfig,
@@ -280,22 +285,15 @@ def test_accepts_flattened_batches_is_declared():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return transformers.BertTokenizer.from_pretrained(DATA_DIR / "vocab" / "bert-base-uncased")
+    return BertTokenizer.from_pretrained(DATA_DIR / "vocab" / "bert-base-uncased")
 
 
 @pytest.fixture(scope="module")
-def sentences(tokenizer) -> list[list[int]]:
+def sentences() -> list[list[int]]:
     """Token ids of SST-2 dev sentences (BERT uncased vocabulary), of different lengths."""
-    lines = (DATA_DIR / "glue" / "sst2" / "dev.tsv").read_text().splitlines()[1:7]
-    ids = [tokenizer(line.split("\t")[0])["input_ids"] for line in lines]
+    ids = sst2_token_ids(6)
     assert len({len(i) for i in ids}) > 3
     return ids
-
-
-def flattened(sentences, cu_seq_lens: bool) -> dict:
-    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=cu_seq_lens)([{"input_ids": s} for s in sentences])
-    batch.pop("labels")
-    return batch
 
 
 def build_for_text(head: str, **overrides):
@@ -391,24 +389,11 @@ def test_decoder_reads_restarting_position_ids_of_a_padded_row():
 def test_contradicting_flattened_inputs_are_refused(sentences):
     model = build_for_text("base")
     batch = flattened(sentences, cu_seq_lens=True)
-    mask = torch.ones_like(batch["input_ids"])
-    mask[0, -1] = 0
-    with pytest.raises(ValueError, match=r"position_ids restart at 0 .* but attention_mask marks padding"):
-        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask)
-    with pytest.raises(ValueError, match=r"cu_seq_lens_q/cu_seq_lens_k .* contradict"):
-        model(**{**batch, "cu_seq_lens_q": batch["cu_seq_lens_q"] + 1, "cu_seq_lens_k": batch["cu_seq_lens_q"] + 1})
-    with pytest.raises(ValueError, match="cu_seq_lens_q and cu_seq_lens_k differ"):
-        model(**{**batch, "cu_seq_lens_k": batch["cu_seq_lens_k"].flip(0)})
-    wrong = batch["position_ids"].clone()
-    wrong[0, 3] += 1
-    with pytest.raises(ValueError, match="position_ids of a flattened batch must count 0, 1, 2"):
-        model(input_ids=batch["input_ids"], position_ids=wrong)
+    check_flattened_refusals(model, batch)
     with pytest.raises(ValueError, match="position_ids of a flattened batch must start at 0"):
         model(
             input_ids=batch["input_ids"], position_ids=batch["position_ids"] + 1, cu_seq_lens_q=batch["cu_seq_lens_q"]
         )
-    with pytest.raises(ValueError, match="output_attentions"):
-        model(**batch, output_attentions=True)
 
 
 def test_always_with_left_padding_names_attention_mask():
