@@ -187,6 +187,8 @@ class PaddingInsertionCollator:
         clean batch's tokens with attention_mask 1, in order, from position 0.
     probability, min_length, max_length, mean_run_length: the Padding Insertion recipe (see the module docstring).
     pad_to_multiple_of: round the student's length up (e.g. to LittleBird's block size).
+    position_keys: keys of the clean batch that hold token positions, (B, Q) long with -1 where absent (RSS's
+        question_positions, start_positions, end_positions): they are carried to the student's positions.
     generator: random source of the insertions. Without one, an example is seeded like its masks when the base
         collator is a seeded MaskingCollator (by seed, epoch and its tokens: a resumed run inserts as the interrupted
         one did), else torch's global RNG is used. Features carrying a "mask_seed" (held-out examples) always use one
@@ -205,6 +207,7 @@ class PaddingInsertionCollator:
         mean_run_length: float = 32.0,
         pad_to_multiple_of: int | None = None,
         generator: torch.Generator | None = None,
+        position_keys: tuple[str, ...] = (),
     ):
         if tokenizer.pad_token_id is None:
             raise ArgumentError("Padding Insertion needs a tokenizer with a pad token")
@@ -219,6 +222,7 @@ class PaddingInsertionCollator:
         }
         self.pad_to_multiple_of = pad_to_multiple_of
         self.generator = generator
+        self.position_keys = position_keys
 
     def _generator_for(self, feature: dict) -> torch.Generator | None:
         """The random source of one example: seeded like its masks where the base collator seeds those."""
@@ -259,11 +263,18 @@ class PaddingInsertionCollator:
         if "labels" in clean:
             student["labels"] = torch.full((batch_size, length), IGNORE_INDEX, dtype=torch.long)
             sources["labels"] = clean["labels"]
+        # the student position of each clean position (-1 on the clean batch's padding)
+        student_of = torch.full(input_ids.shape, -1, dtype=torch.long)
         for row, positions in enumerate(student_positions):
             teacher_positions = real[row].nonzero().view(-1)
             for key, source in sources.items():
                 student[key][row, positions] = source[row, teacher_positions]
             student["position_map"][row, positions] = teacher_positions
+            student_of[row, teacher_positions] = positions
+        for key in self.position_keys:
+            clean_positions = clean[key]  # (B, Q)
+            moved = student_of.gather(1, clean_positions.clamp(min=0))
+            student[key] = torch.where(clean_positions >= 0, moved, clean_positions)
         teacher = {
             "teacher_input_ids": input_ids,
             "teacher_attention_mask": attention_mask,

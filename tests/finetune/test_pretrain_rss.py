@@ -1,0 +1,224 @@
+"""Recurring Span Selection (`posformers-pretrain --objective rss`, finetune/pretrain_rss.py) on real text: the span
+finder on a hand-checked SQuAD paragraph, masking, the collator with and without Padding Insertion, training the
+three models end to end, distillation followed by RSS, resuming, and bad input."""
+
+from __future__ import annotations
+
+import datasets
+import pytest
+import torch
+from conftest import TOKENIZER_DIR
+from helpers.pretrain_corpus import squad_contexts
+from transformers import AutoTokenizer
+
+from posformers.finetune.errors import DataError
+from posformers.finetune.pretrain_data import fix_masks, pack_batch, pack_corpus
+from posformers.finetune.pretrain_rss import (
+    QUESTION_TOKEN,
+    RecurringSpanCollator,
+    RSSPaddingInsertionCollator,
+    add_question_token,
+    annotate_spans,
+    find_recurring_spans,
+    mask_recurring_spans,
+    piece_texts,
+    token_kinds,
+)
+
+# SQuAD v1.1 dev's first paragraph ("Super Bowl 50 was an American football game ..."), bert-base-uncased tokens.
+# Checked by hand: every n-gram of whole words that occurs twice, minus stopword-only and punctuation n-grams, chosen
+# longest first without overlaps.
+SUPER_BOWL_GROUPS = {
+    "super bowl": 5,  # "Super Bowl 50", "third Super Bowl title", "50th Super Bowl", "each Super Bowl game", "... L"
+    "the national football": 2,  # "the National Football League", "the National Football Conference"
+    "american football": 2,  # "American football game", "The American Football Conference"
+    "the game": 2,  # "The game was played", "the game would have"
+    "game": 2,  # the other two: "football game", "Super Bowl game"
+    "champion": 3,
+    "conference": 2,  # "football conference" twice, but both overlap the longer groups above
+    "league": 2,
+    "numerals": 2,  # three word pieces: "nu ##meral ##s", one whole word
+    "50": 2,  # "Super Bowl 50", "Arabic numerals 50" ("50th" is another token)
+}
+# Recurring but never a span: stopwords only, punctuation, a word piece, a part of a longer group.
+NOT_SPANS = ("the", "of the", "was", "in the", "as", ",", "(", ".", "football", "national", "bowl")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)  # the real bert-base-uncased vocabulary
+    add_question_token(tokenizer)
+    return tokenizer
+
+
+def passage(tokenizer, text: str, length: int = 512) -> tuple[list[int], list[int]]:
+    packed = pack_batch([text], tokenizer, length, word_starts=True)
+    return packed["input_ids"][0], packed["word_starts"][0]
+
+
+def groups_in(tokenizer, text: str) -> tuple[list[int], list[list[tuple[int, int]]]]:
+    input_ids, word_starts = passage(tokenizer, text)
+    kinds = token_kinds(input_ids, word_starts, piece_texts(tokenizer))
+    return input_ids, find_recurring_spans(input_ids, word_starts, kinds, max_span_length=10)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Span finder and masking
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_span_finder_finds_the_hand_checked_groups_of_a_squad_paragraph(tokenizer):
+    text = squad_contexts()[0]
+    assert text.startswith("Super Bowl 50 was an American football game")
+    input_ids, groups = groups_in(tokenizer, text)
+    found = {}
+    for group in groups:
+        texts = {tokenizer.decode(input_ids[first : last + 1]) for first, last in group}
+        assert len(texts) == 1, texts  # every occurrence of a group is the same n-gram
+        found[texts.pop()] = len(group)
+    assert found == SUPER_BOWL_GROUPS
+    assert not set(NOT_SPANS) & set(found)
+    covered = [position for group in groups for first, last in group for position in range(first, last + 1)]
+    assert len(covered) == len(set(covered))  # disjoint occurrences
+    assert len(found) == len(groups)
+
+
+def test_the_span_finder_keeps_to_the_longest_span(tokenizer):
+    text = "the river flows north into the lake . the river flows north again . a river"
+    input_ids, groups = groups_in(tokenizer, text)
+    spans = [[tokenizer.decode(input_ids[first : last + 1]) for first, last in group] for group in groups]
+    assert spans == [["the river flows north"] * 2]  # the lone third "river" has no partner left
+    input_ids, word_starts = passage(tokenizer, text)
+    kinds = token_kinds(input_ids, word_starts, piece_texts(tokenizer))
+    short = find_recurring_spans(input_ids, word_starts, kinds, max_span_length=2)
+    assert [[tokenizer.decode(input_ids[a : b + 1]) for a, b in group] for group in short] == [
+        ["the river", "the river"],
+        ["flows north", "flows north"],
+    ]
+
+
+def test_the_span_finder_takes_whole_words_only(tokenizer):
+    # "numeral" is "nu ##meral" and "numerals" "nu ##meral ##s": the two pieces recur, the word does not
+    input_ids, groups = groups_in(tokenizer, "a numeral , two numerals")
+    assert tokenizer.convert_ids_to_tokens(input_ids[2:4]) == tokenizer.convert_ids_to_tokens(input_ids[6:8])
+    assert groups == []
+    input_ids, groups = groups_in(tokenizer, "a numeral , two numerals , three numerals")
+    assert [[tokenizer.decode(input_ids[a : b + 1]) for a, b in group] for group in groups] == [["numerals"] * 2]
+
+
+def reconstruct(masked: dict, question_id: int) -> list[int]:
+    """Put each question's answer tokens back in place of its [QUESTION]."""
+    ids, answers = masked["input_ids"], {}
+    for question, start, end in zip(masked["question_positions"], masked["start_positions"], masked["end_positions"]):
+        answers[question] = ids[start : end + 1]
+    restored = []
+    for position, token in enumerate(ids):
+        restored += answers.get(position, [token])
+        assert (token == question_id) == (position in answers)
+    return restored
+
+
+def test_masking_replaces_all_but_one_occurrence_by_one_question(tokenizer):
+    question_id = tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
+    input_ids, groups = groups_in(tokenizer, squad_contexts()[0])
+    masked = mask_recurring_spans(input_ids, groups, question_id, 100, torch.Generator().manual_seed(0))
+    questions = sum(len(group) - 1 for group in groups)
+    replaced = sum(last - first + 1 for group in groups for first, last in group) - sum(
+        group[0][1] - group[0][0] + 1 for group in groups
+    )
+    assert len(masked["question_positions"]) == questions == 14
+    assert len(masked["input_ids"]) == len(input_ids) - replaced + questions  # shorter: one token per question
+    assert masked["question_positions"] == sorted(masked["question_positions"])
+    # the kept occurrences are intact and the answers point at them in the new ids: putting the answers back in
+    # place of the questions gives the original passage
+    assert reconstruct(masked, question_id) == input_ids
+    kept = {(start, end) for start, end in zip(masked["start_positions"], masked["end_positions"])}
+    assert len(kept) == len(groups)
+    assert masked == mask_recurring_spans(input_ids, groups, question_id, 100, torch.Generator().manual_seed(0))
+    others = [
+        mask_recurring_spans(input_ids, groups, question_id, 100, torch.Generator().manual_seed(s)) for s in (1, 2)
+    ]
+    assert any(other["start_positions"] != masked["start_positions"] for other in others)  # the kept one is drawn
+
+    capped = mask_recurring_spans(input_ids, groups, question_id, 4, torch.Generator().manual_seed(0))
+    assert len(capped["question_positions"]) == 4 and reconstruct(capped, question_id) == input_ids
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Collators
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def passages(tokenizer):
+    split = datasets.Dataset.from_dict({"text": squad_contexts()[:12]})
+    return annotate_spans(pack_corpus(split, tokenizer, 128, word_starts=True), tokenizer, 10)
+
+
+def check_rss_batch(batch, question_id):
+    """Each row: questions at [QUESTION] tokens, answers inside the real tokens, -1 beyond the row's questions."""
+    for row in range(batch["input_ids"].shape[0]):
+        questions = batch["question_positions"][row]
+        real = questions >= 0
+        assert real.any()
+        for key in ("start_positions", "end_positions"):
+            assert torch.equal(batch[key][row] >= 0, real)
+        ids = batch["input_ids"][row]
+        assert (ids[questions[real]] == question_id).all() and int((ids == question_id).sum()) == int(real.sum())
+        starts, ends = batch["start_positions"][row][real], batch["end_positions"][row][real]
+        assert (starts <= ends).all() and batch["attention_mask"][row][starts].all()
+        assert batch["attention_mask"][row][ends].all() and not (ids[starts] == question_id).any()
+
+
+def test_collator_masks_pads_and_repeats_held_out_draws(tokenizer, passages):
+    question_id = tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
+    assert len(passages) > 10
+    features = [dict(example) for example in passages.select(range(8))]
+    collator = RecurringSpanCollator(tokenizer, question_id, max_questions=30, question_rate=0.15, seed=3)
+    batch = collator(features)
+    check_rss_batch(batch, question_id)
+    lengths = batch["attention_mask"].sum(1)
+    assert (lengths < 128).all() and lengths.max() == batch["input_ids"].shape[1]
+    assert (batch["question_positions"] >= 0).sum(1).max() <= round(0.15 * 128)
+    for row, feature in enumerate(features):
+        assert reconstruct(
+            {key: batch[key][row][batch[key][row] >= 0].tolist() for key in batch if key.endswith("positions")}
+            | {"input_ids": batch["input_ids"][row][: lengths[row]].tolist()},
+            question_id,
+        ) == list(feature["input_ids"])
+    assert all(torch.equal(batch[key], collator(features)[key]) for key in batch)  # seeded
+    collator.epoch = 1
+    assert not torch.equal(batch["start_positions"], collator(features)["start_positions"])  # a new epoch redraws
+    held_out = [dict(example) for example in fix_masks(passages.select(range(8)), seed=5)]
+    first = collator(held_out)
+    collator.epoch = 2
+    assert all(torch.equal(first[key], collator(held_out)[key]) for key in first)
+
+
+def test_padding_insertion_moves_questions_and_answers_with_the_tokens(tokenizer, passages):
+    question_id = tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
+    features = [dict(example) for example in passages.select(range(8))]
+    base = RecurringSpanCollator(tokenizer, question_id, seed=3)
+    plain = base(features)
+    collator = RSSPaddingInsertionCollator(tokenizer, base, max_length=400, mean_run_length=4, pad_to_multiple_of=8)
+    inserted = collator(features)
+    assert set(inserted) == set(plain)
+    assert inserted["input_ids"].shape[1] > plain["input_ids"].shape[1] and inserted["input_ids"].shape[1] % 8 == 0
+    check_rss_batch(inserted, question_id)
+    for row in range(len(features)):
+        real = inserted["attention_mask"][row].nonzero().view(-1)  # the student position of each plain token
+        count = int(plain["attention_mask"][row].sum())
+        assert torch.equal(inserted["input_ids"][row][real], plain["input_ids"][row][:count])
+        assert real[-1] + 1 > count  # padding went in
+        for key in ("question_positions", "start_positions", "end_positions"):
+            valid = plain[key][row] >= 0
+            assert torch.equal(inserted[key][row][valid], real[plain[key][row][valid]]), key
+            assert (inserted[key][row][~valid] == -1).all()
+    assert all(torch.equal(inserted[key], collator(features)[key]) for key in inserted)  # seeded like its masks
+
+
+def test_a_corpus_without_recurring_spans_is_refused(tokenizer):
+    split = datasets.Dataset.from_dict({"text": ["a fine film", "the cast is great", "rain , wind and snow"]})
+    packed = pack_corpus(split, tokenizer, 16, word_starts=True)
+    with pytest.raises(DataError, match=r"no recurring span .* in any of the 1 training passage\(s\)"):
+        annotate_spans(packed, tokenizer, 10)
