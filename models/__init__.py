@@ -4,6 +4,8 @@ Importing the package registers every config and model with transformers' Auto c
 `AutoModel.from_pretrained(dir)` finds posformers models saved anywhere.
 """
 
+import transformers as _transformers
+
 from . import _registry
 from .deberta import AUTO_MAP as _DEBERTA_AUTO_MAP
 from .deberta import (
@@ -11,6 +13,7 @@ from .deberta import (
     DebertaForMaskedLM,
     DebertaForMultipleChoice,
     DebertaForQuestionAnswering,
+    DebertaForQuestionSpanSelection,
     DebertaForReplacedTokenDetection,
     DebertaForSequenceClassification,
     DebertaForTokenClassification,
@@ -24,6 +27,7 @@ from .littlebird import (
     LittleBirdForMaskedLM,
     LittleBirdForMultipleChoice,
     LittleBirdForQuestionAnswering,
+    LittleBirdForQuestionSpanSelection,
     LittleBirdForSequenceClassification,
     LittleBirdForTokenClassification,
     LittleBirdModel,
@@ -37,6 +41,7 @@ from .roformer import (
     RoFormerForMaskedLM,
     RoFormerForMultipleChoice,
     RoFormerForQuestionAnswering,
+    RoFormerForQuestionSpanSelection,
     RoFormerForSequenceClassification,
     RoFormerForTokenClassification,
     RoFormerModel,
@@ -50,12 +55,24 @@ __version__ = "0.1.0"
 _registry.register(RoFormerConfig, _ROFORMER_AUTO_MAP, _modeling_roformer)
 _registry.register(DebertaConfig, _DEBERTA_AUTO_MAP, _modeling_deberta)
 _registry.register(LittleBirdConfig, _LITTLEBIRD_AUTO_MAP, _modeling_littlebird)
+# The span-selection models (Splinter's QASS) are pre-training models, as transformers files SplinterForPreTraining:
+# saving one writes its AutoModelForPreTraining entry and copies the model files for trust_remote_code users. DeBERTa's
+# AutoModelForPreTraining in this process stays DebertaForReplacedTokenDetection (its AUTO_MAP).
+for _config, _span_selection in (
+    (RoFormerConfig, RoFormerForQuestionSpanSelection),
+    (DebertaConfig, DebertaForQuestionSpanSelection),
+    (LittleBirdConfig, LittleBirdForQuestionSpanSelection),
+):
+    _span_selection.register_for_auto_class("AutoModelForPreTraining")
+    if _config is not DebertaConfig:
+        _transformers.AutoModelForPreTraining.register(_config, _span_selection, exist_ok=True)
 
 __all__ = [
     "DebertaConfig",
     "DebertaForMaskedLM",
     "DebertaForMultipleChoice",
     "DebertaForQuestionAnswering",
+    "DebertaForQuestionSpanSelection",
     "DebertaForReplacedTokenDetection",
     "DebertaForSequenceClassification",
     "DebertaForTokenClassification",
@@ -65,6 +82,7 @@ __all__ = [
     "LittleBirdForMaskedLM",
     "LittleBirdForMultipleChoice",
     "LittleBirdForQuestionAnswering",
+    "LittleBirdForQuestionSpanSelection",
     "LittleBirdForSequenceClassification",
     "LittleBirdForTokenClassification",
     "LittleBirdModel",
@@ -74,6 +92,7 @@ __all__ = [
     "RoFormerForMaskedLM",
     "RoFormerForMultipleChoice",
     "RoFormerForQuestionAnswering",
+    "RoFormerForQuestionSpanSelection",
     "RoFormerForSequenceClassification",
     "RoFormerForTokenClassification",
     "RoFormerModel",

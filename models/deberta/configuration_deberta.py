@@ -39,6 +39,7 @@ NORM_REL_EBD = ("none", "layer_norm")
 PROJECTION_LAYOUTS = ("separate", "fused")
 # How a padded batch runs (`unpad_inputs`); flattened batches always run padding-free.
 UNPAD_MODES = ("auto", "always", "never")
+QA_HEADS = ("linear", "span_selection")
 
 # What a field means when an official / transformers config.json leaves it out: the defaults of transformers'
 # DebertaConfig / DebertaV2Config and of the official code's `getattr(config, name, default)` calls. posformers' own
@@ -193,6 +194,21 @@ def check_probability(config: PreTrainedConfig, name: str) -> None:
         raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
 
 
+# Copied from posformers.roformer.configuration_roformer.check_span_selection_fields
+def check_span_selection_fields(config: PreTrainedConfig) -> None:
+    """`config.question_token_id` must be None or a row of the word embeddings, `config.qa_head` one of QA_HEADS."""
+    token = config.question_token_id
+    if token is not None and (
+        isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < config.vocab_size
+    ):
+        raise ValueError(
+            f"{type(config).__name__}.question_token_id must be None or in [0, vocab_size={config.vocab_size}), "
+            f"got {token!r}"
+        )
+    if config.qa_head not in QA_HEADS:
+        raise ValueError(f"{type(config).__name__}.qa_head must be one of {QA_HEADS}, got {config.qa_head!r}")
+
+
 # Copied from posformers.roformer.configuration_roformer.check_pad_token_id
 def check_pad_token_id(config: PreTrainedConfig) -> None:
     """`config.pad_token_id` must be None or a row of the word embeddings."""
@@ -254,6 +270,14 @@ class DebertaConfig(PreTrainedConfig):
             raising when ruled out; `"never"`: the padded path). Outputs at real tokens are the same either way;
             padded positions of `last_hidden_state` are zeros. A flattened batch (one row whose position_ids restart
             at 0, as `DataCollatorWithFlattening` builds it) always runs padding-free.
+        question_token_id (`int`, *optional*): the `[QUESTION]` token of question-aware span selection (Splinter's
+            QASS head, `DebertaForQuestionSpanSelection`, and the recurring span selection pre-training of
+            `posformers-pretrain --objective rss`, which adds the token to the tokenizer and sets this field).
+        qa_head (`str`, defaults to `"linear"`): the head of `DebertaForQuestionAnswering`. `"linear"`: start and end
+            logits from a linear layer on every token. `"span_selection"`: the QASS head of
+            `DebertaForQuestionSpanSelection`, under the same name, so a span-selection checkpoint fine-tunes with
+            every head weight; each example then holds exactly one `question_token_id` token, after the question
+            (as in Splinter), whose state asks for the answer span.
     """
 
     model_type = "posformers-deberta"
@@ -293,6 +317,8 @@ class DebertaConfig(PreTrainedConfig):
     projection_layout: str = "separate"
     emd_steps: int = 2
     unpad_inputs: str = "auto"
+    question_token_id: int | None = None
+    qa_head: str = "linear"
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # an official "deberta" / "deberta-v2" config.json becomes ours
@@ -387,6 +413,7 @@ class DebertaConfig(PreTrainedConfig):
                     f"got {getattr(self, name)!r}"
                 )
         check_pad_token_id(self)
+        check_span_selection_fields(self)
         if self.projection_layout not in PROJECTION_LAYOUTS:
             raise ValueError(
                 f"DebertaConfig.projection_layout must be one of {PROJECTION_LAYOUTS}, got {self.projection_layout!r}"

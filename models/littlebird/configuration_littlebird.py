@@ -26,6 +26,7 @@ AUTO_MAP = {
 
 BIALIBI_INITS = ("alibi",)
 UNPAD_MODES = ("auto", "always", "never")
+QA_HEADS = ("linear", "span_selection")
 
 # The paper's two sizes (Table 1); block and pack length 64 for both.
 PRESETS = {
@@ -49,6 +50,21 @@ def check_probability(config: PreTrainedConfig, name: str) -> None:
     value = getattr(config, name)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
+
+
+# Copied from posformers.roformer.configuration_roformer.check_span_selection_fields
+def check_span_selection_fields(config: PreTrainedConfig) -> None:
+    """`config.question_token_id` must be None or a row of the word embeddings, `config.qa_head` one of QA_HEADS."""
+    token = config.question_token_id
+    if token is not None and (
+        isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < config.vocab_size
+    ):
+        raise ValueError(
+            f"{type(config).__name__}.question_token_id must be None or in [0, vocab_size={config.vocab_size}), "
+            f"got {token!r}"
+        )
+    if config.qa_head not in QA_HEADS:
+        raise ValueError(f"{type(config).__name__}.qa_head must be one of {QA_HEADS}, got {config.qa_head!r}")
 
 
 # Copied from posformers.roformer.configuration_roformer.check_pad_token_id
@@ -81,6 +97,14 @@ class LittleBirdConfig(PreTrainedConfig):
             rules packing out; `"always"` packs every pass and raises where it cannot; `"never"` keeps the padded
             path. Outputs at real tokens are the same in every mode. A flattened batch (DataCollatorWithFlattening:
             one row, position_ids restarting at 0 per sequence) is always run packed, one sequence at a time.
+        question_token_id (`int`, *optional*): the `[QUESTION]` token of question-aware span selection (Splinter's
+            QASS head, `LittleBirdForQuestionSpanSelection`, and the recurring span selection pre-training of
+            `posformers-pretrain --objective rss`, which adds the token to the tokenizer and sets this field).
+        qa_head (`str`, defaults to `"linear"`): the head of `LittleBirdForQuestionAnswering`. `"linear"`: start and end
+            logits from a linear layer on every token. `"span_selection"`: the QASS head of
+            `LittleBirdForQuestionSpanSelection`, under the same name, so a span-selection checkpoint fine-tunes with
+            every head weight; each example then holds exactly one `question_token_id` token, after the question
+            (as in Splinter), whose state asks for the answer span.
     """
 
     model_type = "littlebird"
@@ -104,6 +128,8 @@ class LittleBirdConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
     is_decoder: bool = False
     add_cross_attention: bool = False
+    question_token_id: int | None = None
+    qa_head: str = "linear"
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -146,6 +172,7 @@ class LittleBirdConfig(PreTrainedConfig):
         if self.layer_norm_eps <= 0:
             raise ValueError(f"LittleBirdConfig.layer_norm_eps must be positive, got {self.layer_norm_eps}")
         check_pad_token_id(self)
+        check_span_selection_fields(self)
         if self.hidden_act not in ACT2FN:
             raise ValueError(
                 f"LittleBirdConfig.hidden_act must be one of transformers' activations, got {self.hidden_act!r}"

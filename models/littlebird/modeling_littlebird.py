@@ -1292,6 +1292,146 @@ def refuse_flattened(head: nn.Module, position_ids, attention_mask, kwargs: dict
         )
 
 
+# Copied from posformers.roformer.modeling_roformer.sequence_grid
+def sequence_grid(tensor: torch.Tensor, packing, fill: float = 0.0) -> torch.Tensor:
+    """A per-token tensor in its (sequences, width, ...) layout: a padded batch's (B, L, ...) as it is, a flattened
+    batch's (1, N, ...) unpacked to one row per sequence with `fill` past each sequence's end."""
+    if packing is not None and packing.flattened:
+        return packing.unpack(tensor, fill=fill)
+    return tensor
+
+
+# Copied from posformers.roformer.modeling_roformer.real_token_mask
+def real_token_mask(attention_mask, packing) -> torch.Tensor | None:
+    """(sequences, width) bool, True at real tokens, for a 2D attention_mask or a flattened batch; else None (a 4D or
+    no mask: every position counts)."""
+    if packing is not None and packing.flattened:
+        ones = torch.ones(1, packing.num_tokens, 1, dtype=torch.bool, device=packing.indices.device)
+        return packing.unpack(ones, fill=False)[..., 0]
+    if attention_mask is not None and attention_mask.dim() == 2:
+        return attention_mask.bool()
+    return None
+
+
+# Copied from posformers.roformer.modeling_roformer.find_questions
+def find_questions(input_ids: torch.Tensor, question_token_id: int, packing) -> torch.Tensor:
+    """(sequences, Q) long: the position of every `question_token_id` token in each sequence, left-aligned, -1 where
+    a sequence holds fewer than Q, the most any holds. input_ids: (B, L), or (1, N) for a flattened batch."""
+    ids = sequence_grid(input_ids[..., None], packing, fill=-1)[..., 0]
+    is_question = ids == question_token_id
+    most = int(is_question.sum(-1).max()) if ids.numel() else 0
+    width = ids.shape[1]
+    columns = torch.arange(width, device=ids.device).expand_as(ids)
+    positions = torch.where(is_question, columns, width).sort(-1).values[:, :most]
+    return positions.masked_fill(positions == width, -1)
+
+
+# Copied from posformers.roformer.modeling_roformer._off_tokens
+def _off_tokens(positions: torch.Tensor, real: torch.Tensor | None, width: int) -> torch.Tensor:
+    """Where `positions` (sequences, Q) miss the real tokens of their sequence: outside [0, width) or on padding."""
+    inside = (positions >= 0) & (positions < width)
+    if real is not None:
+        inside = inside & real.to(positions.device).gather(1, positions.clamp(0, width - 1))
+    return ~inside
+
+
+# Copied from posformers.roformer.modeling_roformer._check_span_selection
+def _check_span_selection(question_positions, start_positions, end_positions, real, shape) -> None:
+    """question_positions (sequences, Q): a real token or -1; start/end_positions: given together, of the same shape,
+    on real tokens wherever the question is asked. Values are not read while compiling."""
+    rows, width = shape
+    named = {"question_positions": question_positions, "start_positions": start_positions}
+    named["end_positions"] = end_positions
+    if (start_positions is None) != (end_positions is None):
+        raise ValueError("start_positions and end_positions must be given together")
+    for name, positions in named.items():
+        if positions is None:
+            continue
+        if positions.is_floating_point() or positions.dim() != 2 or positions.shape[0] != rows:
+            raise ValueError(
+                f"{name} must be an integer tensor of shape (batch, num_questions) with batch={rows} (one row per "
+                f"sequence), got {positions.dtype} {tuple(positions.shape)}"
+            )
+        if positions.shape != question_positions.shape:
+            raise ValueError(
+                f"{name} must have the shape of question_positions {tuple(question_positions.shape)}, got "
+                f"{tuple(positions.shape)}"
+            )
+    if is_torchdynamo_compiling():
+        return
+    asked = question_positions >= 0
+    for name, positions in named.items():
+        if positions is None:
+            continue
+        wrong = _off_tokens(positions, real, width) & (
+            question_positions != -1 if positions is question_positions else asked
+        )
+        if bool(wrong.any()):
+            row, column = (int(i) for i in wrong.nonzero()[0])
+            hint = " (-1 marks an absent question)" if positions is question_positions else ""
+            raise ValueError(
+                f"{name}[{row}, {column}] = {int(positions[row, column])} is not a real token of sequence {row}{hint}"
+            )
+
+
+# Copied from posformers.roformer.modeling_roformer.question_span_logits
+def question_span_logits(qass: nn.Module, hidden_states: torch.Tensor, question_positions, attention_mask, packing):
+    """Start and end logits (sequences, Q, width) of the span each question token points at, `torch.finfo(dtype).min`
+    wherever there is no real token and on the rows of absent questions (question_positions -1).
+
+    hidden_states: the base model's `last_hidden_state`, (B, L, d), or (1, N, d) for a flattened batch (whose
+    question_positions count within each sequence). On the padding-free path the head's token transforms run on the
+    real tokens only.
+    """
+    states = sequence_grid(hidden_states, packing)  # (sequences, width, d)
+    index = question_positions.to(states.device).clamp_min(0)
+    question_states = states.gather(1, index[..., None].expand(-1, -1, states.shape[-1]))  # (sequences, Q, d)
+    tokens = packing.pack(hidden_states) if packing is not None else hidden_states
+    start_logits, end_logits = qass(tokens, question_states, packing)
+    blocked = (question_positions < 0).to(states.device)[..., None]  # (sequences, Q, 1)
+    real = real_token_mask(attention_mask, packing)
+    if real is not None:
+        blocked = blocked | ~real.to(states.device)[:, None, :]
+    lowest = torch.finfo(start_logits.dtype).min
+    return start_logits.masked_fill(blocked, lowest), end_logits.masked_fill(blocked, lowest)
+
+
+# Copied from posformers.roformer.modeling_roformer.span_selection_loss
+def span_selection_loss(start_logits, end_logits, start_positions, end_positions, question_positions) -> torch.Tensor:
+    """Mean over the asked questions (question_positions >= 0) of (CE(start) + CE(end)) / 2; logits (sequences, Q,
+    width). A batch without a question gives 0, still attached to the graph."""
+    asked = (question_positions >= 0).to(start_logits.device)
+    start_loss = F.cross_entropy(start_logits[asked], start_positions.to(asked.device)[asked], reduction="sum")
+    end_loss = F.cross_entropy(end_logits[asked], end_positions.to(asked.device)[asked], reduction="sum")
+    return (start_loss + end_loss) / 2 / asked.sum().clamp_min(1)
+
+
+# Copied from posformers.roformer.modeling_roformer.single_question_logits
+def single_question_logits(qass: nn.Module, config, input_ids, hidden_states, attention_mask, packing):
+    """Extractive QA from the span-selection head (`qa_head="span_selection"`): each sequence's one [QUESTION] token
+    (`config.question_token_id`, placed after the question as Splinter does) points at the answer. Returns start and
+    end logits (sequences, width)."""
+    if config.question_token_id is None:
+        raise ValueError(
+            "config.qa_head='span_selection' needs config.question_token_id, the [QUESTION] token placed after "
+            "each question; set it to the token's id"
+        )
+    if input_ids is None:
+        raise ValueError("qa_head='span_selection' finds the [QUESTION] token in input_ids; pass input_ids")
+    question_positions = find_questions(input_ids, config.question_token_id, packing)
+    counts = (question_positions >= 0).sum(-1)
+    if not is_torchdynamo_compiling() and bool((counts != 1).any()):
+        example = int((counts != 1).nonzero()[0])
+        raise ValueError(
+            f"example {example} holds {int(counts[example])} [QUESTION] tokens (id {config.question_token_id}); "
+            "qa_head='span_selection' needs exactly one per example, right after the question"
+        )
+    start_logits, end_logits = question_span_logits(
+        qass, hidden_states, question_positions[:, :1], attention_mask, packing
+    )
+    return start_logits[:, 0], end_logits[:, 0]
+
+
 class LittleBirdPredictionHeadTransform(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
@@ -1532,20 +1672,71 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
         return _maybe_tuple(result, return_dict, self.config)
 
 
+# Copied from posformers.roformer.modeling_roformer.SpanSelectionTransform with RoFormer->LittleBird
+class SpanSelectionTransform(nn.Module):
+    """Dense, activation, LayerNorm: one of the four token transforms of the question-aware span-selection head."""
+
+    def __init__(self, config: LittleBirdConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
+
+
+# Copied from posformers.roformer.modeling_roformer.QuestionAwareSpanSelectionHead with RoFormer->LittleBird
+class QuestionAwareSpanSelectionHead(nn.Module):
+    """Question-aware span selection (QASS; Ram et al. 2021, "Few-Shot Question Answering by Pretraining Span
+    Selection", sec. 3.2, the head of Splinter): a question token q asks where its answer starts and ends, and a token
+    i answers with
+
+        start(q, i) = s(x_i) . W_s s_q(x_q)        end(q, i) = e(x_i) . W_e e_q(x_q)
+
+    where s, s_q, e, e_q are transforms (dense, activation, LayerNorm) and W_s, W_e bias-free d x d matrices.
+    """
+
+    def __init__(self, config: LittleBirdConfig):
+        super().__init__()
+        self.query_start_transform = SpanSelectionTransform(config)
+        self.query_end_transform = SpanSelectionTransform(config)
+        self.start_transform = SpanSelectionTransform(config)
+        self.end_transform = SpanSelectionTransform(config)
+        self.start_classifier = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.end_classifier = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, token_states: torch.Tensor, question_states: torch.Tensor, packing=None):
+        """token_states: (B, L, d), or the (1, N, d) real tokens of `packing`; question_states: (B, Q, d), B the
+        sequences. Returns start and end scores (B, Q, L) (L: the packing's width), unmasked."""
+        start_tokens = self.start_transform(token_states)
+        end_tokens = self.end_transform(token_states)
+        if packing is not None:
+            start_tokens, end_tokens = packing.unpack(start_tokens), packing.unpack(end_tokens)  # (B, L, d)
+        start_queries = self.start_classifier(self.query_start_transform(question_states))  # (B, Q, d)
+        end_queries = self.end_classifier(self.query_end_transform(question_states))
+        return start_queries @ start_tokens.transpose(1, 2), end_queries @ end_tokens.transpose(1, 2)
+
+
 class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
     """Extractive QA (the paper's task): start and end logits over the tokens.
 
     Where an attention_mask is given, the logits at its padded positions are the dtype's lowest value in every
     `unpad_inputs` mode, so padding never wins a span and the loss does not depend on it. A flattened batch gets
     per-sequence logits (num_sequences, longest sequence), lowest past each sequence's end, and takes
-    start_positions / end_positions per sequence (num_sequences,).
+    start_positions / end_positions per sequence (num_sequences,). With `config.qa_head="span_selection"` the logits
+    come from the span-selection head of `LittleBirdForQuestionSpanSelection` (same name, same weights), asked by each
+    example's one `config.question_token_id` token.
     """
 
     # Copied from posformers.roformer.modeling_roformer.RoFormerForQuestionAnswering.__init__ with RoFormer->LittleBird all-casing  # noqa: E501
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
         self.littlebird = LittleBirdModel(config)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        if config.qa_head == "span_selection":
+            self.qass = QuestionAwareSpanSelectionHead(config)
+        else:
+            self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
     def forward(
@@ -1573,12 +1764,91 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        start_logits, end_logits = span_logits(
-            self.qa_outputs, outputs.last_hidden_state, attention_mask, outputs.packing
-        )
+        if self.config.qa_head == "span_selection":
+            start_logits, end_logits = single_question_logits(
+                self.qass, self.config, input_ids, outputs.last_hidden_state, attention_mask, outputs.packing
+            )
+        else:
+            start_logits, end_logits = span_logits(
+                self.qa_outputs, outputs.last_hidden_state, attention_mask, outputs.packing
+            )
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        result = QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return _maybe_tuple(result, return_dict, self.config)
+
+
+# Copied from posformers.roformer.modeling_roformer.RoFormerForQuestionSpanSelection with RoFormer->LittleBird all-casing  # noqa: E501
+class LittleBirdForQuestionSpanSelection(LittleBirdPreTrainedModel):
+    """Question-aware span selection (Splinter's QASS head), the model of recurring span selection pre-training: each
+    [QUESTION] token of a passage points at the start and end of its answer span.
+
+    question_positions (B, Q) long: the index of each question token, -1 where an example has fewer than Q. Without
+    it, every token `config.question_token_id` is a question (left-aligned, -1 padded). start_positions /
+    end_positions (B, Q): the answer's first and last token, ignored where the question is -1. Returns start and end
+    logits (B, Q, L), `torch.finfo(dtype).min` at padding and on the rows of absent questions, and the loss: the
+    mean over asked questions of (CE(start) + CE(end)) / 2. A flattened batch takes and gets the same per sequence
+    (num_sequences, Q), positions counted within each sequence. `LittleBirdForQuestionAnswering` with
+    `config.qa_head="span_selection"` holds the same head under the same name and fine-tunes from this model's weights.
+    """
+
+    def __init__(self, config: LittleBirdConfig):
+        super().__init__(config)
+        self.littlebird = LittleBirdModel(config)
+        self.qass = QuestionAwareSpanSelectionHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        question_positions=None,
+        start_positions=None,
+        end_positions=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        if question_positions is None and (self.config.question_token_id is None or input_ids is None):
+            raise ValueError(
+                f"{type(self).__name__} needs question_positions, or input_ids and config.question_token_id (the "
+                "[QUESTION] token) to find them"
+            )
+        outputs = self.littlebird(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        packing, hidden_states = outputs.packing, outputs.last_hidden_state
+        if question_positions is None:
+            question_positions = find_questions(input_ids, self.config.question_token_id, packing)
+        real = real_token_mask(attention_mask, packing)
+        width = packing.width if packing is not None else hidden_states.shape[1]
+        rows = packing.rows if packing is not None and packing.flattened else hidden_states.shape[0]
+        _check_span_selection(question_positions, start_positions, end_positions, real, (rows, width))
+        start_logits, end_logits = question_span_logits(
+            self.qass, hidden_states, question_positions, attention_mask, packing
+        )
+        loss = None
+        if start_positions is not None:
+            loss = span_selection_loss(start_logits, end_logits, start_positions, end_positions, question_positions)
         result = QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits,
@@ -1594,6 +1864,7 @@ __all__ = [
     "LittleBirdForMaskedLM",
     "LittleBirdForMultipleChoice",
     "LittleBirdForQuestionAnswering",
+    "LittleBirdForQuestionSpanSelection",
     "LittleBirdForSequenceClassification",
     "LittleBirdForTokenClassification",
     "LittleBirdModel",

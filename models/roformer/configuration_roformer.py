@@ -32,6 +32,7 @@ UNPAD_MODES = ("auto", "always", "never")
 NORM_TYPES = ("layer_norm", "rms_norm")
 ATTENTION_KERNELS = ("softmax", "linear")
 SUMMARY_TYPES = ("last", "first", "mean")
+QA_HEADS = ("linear", "span_selection")
 # Keys each rope_scaling type accepts, as in transformers' rope utilities (required, optional).
 ROPE_SCALING_KEYS = {
     "linear": ({"factor"}, set()),
@@ -107,6 +108,20 @@ def check_probability(config: PreTrainedConfig, name: str) -> None:
         raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
 
 
+def check_span_selection_fields(config: PreTrainedConfig) -> None:
+    """`config.question_token_id` must be None or a row of the word embeddings, `config.qa_head` one of QA_HEADS."""
+    token = config.question_token_id
+    if token is not None and (
+        isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < config.vocab_size
+    ):
+        raise ValueError(
+            f"{type(config).__name__}.question_token_id must be None or in [0, vocab_size={config.vocab_size}), "
+            f"got {token!r}"
+        )
+    if config.qa_head not in QA_HEADS:
+        raise ValueError(f"{type(config).__name__}.qa_head must be one of {QA_HEADS}, got {config.qa_head!r}")
+
+
 def check_pad_token_id(config: PreTrainedConfig) -> None:
     """`config.pad_token_id` must be None or a row of the word embeddings."""
     if config.pad_token_id is not None and not 0 <= config.pad_token_id < config.vocab_size:
@@ -159,6 +174,14 @@ class RoFormerConfig(PreTrainedConfig):
             `"never"` keeps the padded computation. Padded positions of `last_hidden_state` are zeros on the packed
             path. A flattened batch (transformers' `DataCollatorWithFlattening`: one row, position_ids restarting at
             0 per sequence) is always run per sequence, whatever this says.
+        question_token_id (`int`, *optional*): the `[QUESTION]` token of question-aware span selection (Splinter's
+            QASS head, `RoFormerForQuestionSpanSelection`, and the recurring span selection pre-training of
+            `posformers-pretrain --objective rss`, which adds the token to the tokenizer and sets this field).
+        qa_head (`str`, defaults to `"linear"`): the head of `RoFormerForQuestionAnswering`. `"linear"`: start and end
+            logits from a linear layer on every token. `"span_selection"`: the QASS head of
+            `RoFormerForQuestionSpanSelection`, under the same name, so a span-selection checkpoint fine-tunes with
+            every head weight; each example then holds exactly one `question_token_id` token, after the question
+            (as in Splinter), whose state asks for the answer span.
     """
 
     model_type = "posformers-roformer"
@@ -197,6 +220,8 @@ class RoFormerConfig(PreTrainedConfig):
     pooler_activation: str = "tanh"
     bidirectional_prompt: bool = False
     unpad_inputs: str = "auto"
+    question_token_id: int | None = None
+    qa_head: str = "linear"
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # a transformers "roformer" config.json becomes ours, see get_config_dict
@@ -247,6 +272,7 @@ class RoFormerConfig(PreTrainedConfig):
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             check_probability(self, name)
         check_pad_token_id(self)
+        check_span_selection_fields(self)
         if self.rope_theta <= 0:
             raise ValueError(f"RoFormerConfig.rope_theta must be positive, got {self.rope_theta}")
         for name, allowed in (
