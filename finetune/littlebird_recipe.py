@@ -1,0 +1,451 @@
+"""The LittleBird recipe end to end, on a CPU in minutes: posformers-littlebird-recipe (also `make littlebird-recipe`,
+`python -m posformers.finetune.littlebird_recipe`, or `main([...])` in Python, which returns the summary).
+
+No LittleBird weights exist anywhere, so every user starts from a short-input encoder. This driver runs the whole path
+through the scripts' public command lines (each script's `main([...])`), on real text shipped in
+`posformers/demo_data` (provenance in its README.md), with a held-out number for every stage:
+
+    1. teacher   posformers-pretrain --objective mlm --model_type bert --train_tokenizer wordpiece
+                 a small BERT learns masked language modelling on SQuAD paragraphs + SST-2 sentences
+                 -> held-out MLM loss and accuracy
+    2. convert   posformers-convert littlebird --from bert, then posformers-pretrain --do_eval
+                 -> the converted student's held-out MLM loss and accuracy on the teacher's held-out masks
+    3. distill   posformers-pretrain --objective distill (Padding Insertion)
+                 -> held-out distillation loss, agreement with the teacher, the student's own MLM loss
+    4. rss       posformers-pretrain --objective rss (Recurring Span Selection)
+                 -> held-out span-selection loss and exact match
+    5. qa        posformers-qa on whole SQuAD articles (all their paragraphs joined, up to 4096 tokens, one window)
+                 trained on the questions of some articles, scored on the questions of other articles -> EM / F1
+
+    posformers-littlebird-recipe [--output_dir demo_output/littlebird-recipe] [--size full|toy] [--seed 0] [--threads 1]
+        [--overwrite_output_dir]
+
+Held out everywhere: the SQuAD articles HELD_OUT_ARTICLES (their paragraphs are the held-out pre-training text with
+the SST-2 dev sentences; their questions are the QA evaluation), never seen in any training stage.
+
+Output folder: one folder per stage (1-teacher, 2-convert, 3-distill, 4-rss, 5-qa; each a normal output folder of
+its script, a model that the next stage and the Auto classes load), data/ (the text and QA files the stages read),
+and summary.md / summary.json (every stage's held-out numbers and wall time), rewritten after each stage. A stage
+that finished (its folder holds recipe_stage.json) is skipped when the recipe is run again, so an interrupted run
+resumes at the stage it was in. The recipe writes only into a folder it made itself (it leaves a
+.posformers-littlebird-recipe marker): a non-empty folder without the marker is refused unless
+--overwrite_output_dir, which also reruns every stage.
+
+Sizes are presets (RECIPE_SIZES): `full`, about 10 minutes on two CPU cores, and `toy`, seconds, for the tests. A
+tiny model trained for minutes is a smoke test of the recipe, not a quality claim: README.md, "The LittleBird recipe",
+says what each number means and what this machine measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+import posformers
+from posformers.conversion import cli as convert_cli
+
+from . import run_pretrain, run_qa
+
+DEMO_DATA = Path(posformers.__file__).resolve().parent / "demo_data"
+ARTICLES = DEMO_DATA / "littlebird" / "squad_articles.json"
+SST2 = DEMO_DATA / "sst2"
+# Whole articles read by no training stage: held-out text for pre-training, held-out questions for QA.
+HELD_OUT_ARTICLES = ("Jacksonville,_Florida", "Intergovernmental_Panel_on_Climate_Change")
+MARKER = ".posformers-littlebird-recipe"
+STAGE_RECORD = "recipe_stage.json"
+STAGES = ("teacher", "convert", "distill", "qa")
+QA_WINDOW = 4096
+QUIET = ["--report_to", "none", "--disable_tqdm", "True", "--save_strategy", "no"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeSize:
+    """Every size of a recipe run in one place."""
+
+    teacher: str  # the BERT teacher's --config_overrides
+    vocab_size: int  # WordPiece vocabulary trained on the training text
+    sst2_sentences: int  # SST-2 training rows in the pre-training text (the SQuAD paragraphs are all used)
+    seq_length: int  # pre-training sequence length (the teacher's position table)
+    batch_size: int
+    teacher_steps: int
+    block_size: int
+    pack_length: int
+    distill_steps: int
+    padding_insertion_max_length: int  # the student's longest length with Padding Insertion
+    qa_train_questions: int  # training questions, drawn in turn from every training article
+    qa_eval_questions: int | None  # held-out questions scored (None: all of both held-out articles)
+    qa_epochs: float
+    qa_batch_size: int
+
+
+RECIPE_SIZES = {
+    "full": RecipeSize(
+        teacher="hidden_size=128,num_hidden_layers=2,num_attention_heads=4,intermediate_size=512,"
+        "max_position_embeddings=128",
+        vocab_size=6000,
+        sst2_sentences=30000,
+        seq_length=128,
+        batch_size=32,
+        teacher_steps=400,
+        block_size=64,
+        pack_length=16,
+        distill_steps=200,
+        padding_insertion_max_length=512,
+        qa_train_questions=400,
+        qa_eval_questions=None,
+        qa_epochs=1.0,
+        qa_batch_size=4,
+    ),
+    "toy": RecipeSize(
+        teacher="hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,"
+        "max_position_embeddings=64",
+        vocab_size=800,
+        sst2_sentences=300,
+        seq_length=64,
+        batch_size=16,
+        teacher_steps=8,
+        block_size=16,
+        pack_length=8,
+        distill_steps=4,
+        padding_insertion_max_length=128,
+        qa_train_questions=8,
+        qa_eval_questions=8,
+        qa_epochs=1.0,
+        qa_batch_size=4,
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_articles() -> tuple[list[dict], list[dict]]:
+    """(training articles, held-out articles) of the shipped SQuAD v1.1 file, in file order."""
+    articles = json.loads(ARTICLES.read_text(encoding="utf-8"))["data"]
+    held_out = [article for article in articles if article["title"] in HELD_OUT_ARTICLES]
+    return [article for article in articles if article["title"] not in HELD_OUT_ARTICLES], held_out
+
+
+def sst2_sentences(split: str, count: int | None = None) -> list[str]:
+    """The first `count` sentences of the shipped SST-2 `split` (train or dev)."""
+    lines = (SST2 / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return [line.split("\t")[0].strip() for line in lines[:count] if line.strip()]
+
+
+def write_pretraining_text(folder: Path, size: RecipeSize) -> dict[str, Path]:
+    """train.txt and valid.txt, one document per line: SQuAD paragraphs and SST-2 sentences, disjoint."""
+    train_articles, held_out = load_articles()
+    paragraphs = {
+        "train": [p["context"] for article in train_articles for p in article["paragraphs"]],
+        "validation": [p["context"] for article in held_out for p in article["paragraphs"]],
+    }
+    sentences = {"train": sst2_sentences("train", size.sst2_sentences), "validation": sst2_sentences("dev")}
+    paths = {"train": folder / "train.txt", "validation": folder / "valid.txt"}
+    for split, path in paths.items():
+        documents = [" ".join(text.split()) for text in paragraphs[split] + sentences[split]]
+        path.write_text("\n".join(documents) + "\n", encoding="utf-8")
+    return paths
+
+
+def long_document(article: dict, tokenizer, window: int) -> dict:
+    """One SQuAD paragraph holding the article's paragraphs joined by blank lines, as many as fit with every one of
+    their questions into one window of `window` tokens ([CLS] question [SEP] document [SEP]); answers shifted."""
+    context, questions, fitted = "", [], None
+    for paragraph in article["paragraphs"]:
+        offset = len(context) + 2 if context else 0
+        joined = f"{context}\n\n{paragraph['context']}" if context else paragraph["context"]
+        shifted = [
+            {**qa, "answers": [{**a, "answer_start": a["answer_start"] + offset} for a in qa["answers"]]}
+            for qa in paragraph["qas"]
+        ]
+        longest_question = max(len(tokenizer.tokenize(qa["question"])) for qa in questions + shifted)
+        if len(tokenizer.tokenize(joined)) + longest_question + 3 > window:
+            break
+        context, questions = joined, questions + shifted
+        fitted = {"title": article["title"], "paragraphs": [{"context": context, "qas": questions}]}
+    if fitted is None:
+        raise ValueError(f"article {article['title']!r}: its first paragraph does not fit into window={window} tokens")
+    return fitted
+
+
+def interleave(documents: list[dict], count: int | None) -> list[dict]:
+    """The documents with `count` of their questions, taken from each document in turn (all when count is None)."""
+    queues = [list(document["paragraphs"][0]["qas"]) for document in documents]
+    chosen: list[list[dict]] = [[] for _ in documents]
+    total = sum(len(queue) for queue in queues) if count is None else count
+    while total > 0 and any(queues):
+        for index, queue in enumerate(queues):
+            if queue and total > 0:
+                chosen[index].append(queue.pop(0))
+                total -= 1
+    return [
+        {"title": document["title"], "paragraphs": [{"context": document["paragraphs"][0]["context"], "qas": qas}]}
+        for document, qas in zip(documents, chosen)
+        if qas
+    ]
+
+
+def write_qa_files(folder: Path, tokenizer, size: RecipeSize) -> dict:
+    """train.json (training articles' questions) and eval.json (held-out articles' questions) as whole documents;
+    returns the paths and what they hold."""
+    train_articles, held_out = load_articles()
+    splits = {
+        "train": interleave([long_document(a, tokenizer, QA_WINDOW) for a in train_articles], size.qa_train_questions),
+        "eval": interleave([long_document(a, tokenizer, QA_WINDOW) for a in held_out], size.qa_eval_questions),
+    }
+    info = {}
+    for split, documents in splits.items():
+        path = folder / f"{split}.json"
+        path.write_text(json.dumps({"data": documents, "version": "1.1"}, ensure_ascii=False), encoding="utf-8")
+        info[split] = {
+            "path": str(path),
+            "articles": [document["title"] for document in documents],
+            "questions": sum(len(document["paragraphs"][0]["qas"]) for document in documents),
+            "document_tokens": [
+                len(tokenizer.tokenize(document["paragraphs"][0]["context"])) for document in documents
+            ],
+        }
+    return info
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Stages
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class Recipe:
+    """One run of the recipe in `output_dir`; each stage method returns its held-out metrics."""
+
+    def __init__(self, output_dir: Path, size: RecipeSize, seed: int, overwrite: bool):
+        self.output_dir, self.size, self.seed, self.overwrite = output_dir, size, seed, overwrite
+        self.data = output_dir / "data"
+        self.text: dict[str, Path] = {}
+
+    def folder(self, stage: str) -> Path:
+        return self.output_dir / f"{STAGES.index(stage) + 1}-{stage}"
+
+    def common(self, stage: str) -> list[str]:
+        """Arguments every script call shares: its output folder (the recipe's own: a rerun may write over it)."""
+        return ["--output_dir", str(self.folder(stage)), "--overwrite_output_dir", "--seed", str(self.seed), *QUIET]
+
+    def pretraining_data(self) -> list[str]:
+        return [
+            "--train_file", str(self.text["train"]), "--validation_file", str(self.text["validation"]),
+            "--max_seq_length", str(self.size.seq_length),
+        ]  # fmt: skip
+
+    def training(self, steps: int, learning_rate: float, batch_size: int | None = None) -> list[str]:
+        batch = str(batch_size or self.size.batch_size)
+        return [
+            "--do_train", "--max_steps", str(steps), "--learning_rate", str(learning_rate),
+            "--warmup_steps", str(max(1, steps // 10)), "--weight_decay", "0.01",
+            "--per_device_train_batch_size", batch, "--per_device_eval_batch_size", batch,
+            "--logging_steps", str(max(1, steps // 8)),
+        ]  # fmt: skip
+
+    def held_out_mlm(self, model_dir: Path) -> dict:
+        """The held-out MLM loss and accuracy of `model_dir` on the teacher's held-out text and masks (the results
+        go into `model_dir`/mlm-eval)."""
+        metrics = run_pretrain.main(
+            [
+                "--objective", "mlm", "--model_name_or_path", str(model_dir), *self.pretraining_data(),
+                "--do_eval", "--per_device_eval_batch_size", str(self.size.batch_size),
+                "--output_dir", str(model_dir / "mlm-eval"), "--seed", str(self.seed), *QUIET,
+            ]
+        )  # fmt: skip
+        return {"mlm_loss": metrics["eval_mlm_loss"], "mlm_accuracy": metrics["eval_mlm_accuracy"]}
+
+    def teacher(self) -> dict:
+        run_pretrain.main(
+            [
+                "--objective", "mlm", "--model_type", "bert", "--config_overrides", self.size.teacher,
+                "--train_tokenizer", "wordpiece", "--tokenizer_vocab_size", str(self.size.vocab_size),
+                *self.pretraining_data(), *self.training(self.size.teacher_steps, 1e-3), *self.common("teacher"),
+            ]
+        )  # fmt: skip
+        return self.held_out_mlm(self.folder("teacher"))
+
+    def convert(self) -> dict:
+        student = self.folder("convert")
+        status = convert_cli.main(
+            [
+                "littlebird", "--from", "bert", "--source", str(self.folder("teacher")), "--output", str(student),
+                "--block-size", str(self.size.block_size), "--pack-length", str(self.size.pack_length),
+                "--seed", str(self.seed), "--overwrite",
+            ]
+        )  # fmt: skip
+        if status != 0:
+            raise SystemExit(f"posformers-convert littlebird failed (status {status}); its message is above")
+        return self.held_out_mlm(student)
+
+    def distill(self) -> dict:
+        metrics = run_pretrain.main(
+            [
+                "--objective", "distill", "--model_name_or_path", str(self.folder("convert")),
+                "--teacher_name_or_path", str(self.folder("teacher")),
+                "--padding_insertion_max_length", str(self.size.padding_insertion_max_length),
+                *self.pretraining_data(), *self.training(self.size.distill_steps, 5e-4), "--do_eval",
+                *self.common("distill"),
+            ]
+        )  # fmt: skip
+        return {
+            "distill_loss": metrics["eval_loss"],
+            "accuracy_vs_teacher": metrics["eval_accuracy_vs_teacher"],
+            **self.held_out_mlm(self.folder("distill")),
+        }
+
+    def qa(self) -> dict:
+        source = self.folder(STAGES[STAGES.index("qa") - 1])
+        files = write_qa_files(self.data, AutoTokenizer.from_pretrained(source), self.size)
+        metrics = run_qa.main(
+            [
+                "--model_name_or_path", str(source),
+                "--train_file", files["train"]["path"], "--validation_file", files["eval"]["path"],
+                "--max_seq_length", str(QA_WINDOW),
+                "--do_train", "--do_eval", "--num_train_epochs", str(self.size.qa_epochs), "--learning_rate", "1e-3",
+                "--warmup_steps", "10", "--per_device_train_batch_size", str(self.size.qa_batch_size),
+                "--per_device_eval_batch_size", str(self.size.qa_batch_size), "--logging_steps", "20",
+                *self.common("qa"),
+            ]
+        )  # fmt: skip
+        return {
+            "exact_match": metrics["eval_exact_match"],
+            "f1": metrics["eval_f1"],
+            "eval_questions": files["eval"]["questions"],
+            "train_questions": files["train"]["questions"],
+            # one window per question: the whole document is read at once
+            "train_windows": metrics["train_samples"],
+            "longest_document_tokens": max(files["train"]["document_tokens"] + files["eval"]["document_tokens"]),
+            "train_articles": files["train"]["articles"],
+            "eval_articles": files["eval"]["articles"],
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------------------------------------------------
+
+HELD_OUT_TEXT = "paragraphs of the held-out articles + SST-2 dev"
+ROWS = {
+    "teacher": ("BERT teacher, MLM", HELD_OUT_TEXT, "MLM loss {mlm_loss:.3f}, accuracy {mlm_accuracy:.1%}"),
+    "convert": (
+        "LittleBird converted from it",
+        HELD_OUT_TEXT + " (the teacher's masks)",
+        "MLM loss {mlm_loss:.3f}, accuracy {mlm_accuracy:.1%}",
+    ),
+    "distill": (
+        "distilled with Padding Insertion",
+        HELD_OUT_TEXT,
+        "distillation loss {distill_loss:.3f}, top-1 agreement with the teacher {accuracy_vs_teacher:.1%}; "
+        "MLM loss {mlm_loss:.3f}, accuracy {mlm_accuracy:.1%}",
+    ),
+    "qa": (
+        "posformers-qa, whole articles",
+        "{eval_questions} questions about the held-out articles",
+        "EM {exact_match:.1f}, F1 {f1:.1f} (trained on {train_questions} questions in {train_windows} windows; "
+        "documents up to {longest_document_tokens} tokens)",
+    ),
+}
+
+
+def summarize(output_dir: Path, records: dict, size_name: str, seed: int) -> dict:
+    """summary.json and summary.md of the finished stages; returns the JSON."""
+    summary = {
+        "size": size_name,
+        "seed": seed,
+        "held_out_articles": list(HELD_OUT_ARTICLES),
+        "stages": records,
+        "seconds": round(sum(record["seconds"] for record in records.values()), 1),
+    }
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    lines = [
+        f"# LittleBird recipe (size {size_name}, seed {seed})",
+        "",
+        "| stage | model | held-out data | held-out numbers | time |",
+        "|---|---|---|---|---|",
+    ]
+    for stage, record in records.items():
+        model, data, numbers = ROWS[stage]
+        metrics = record["metrics"]
+        lines.append(
+            f"| {STAGES.index(stage) + 1}. {stage} | {model} | {data.format(**metrics)} | {numbers.format(**metrics)} "
+            f"| {record['seconds']:.0f} s |"
+        )
+    lines += ["", f"Total: {summary['seconds']:.0f} s. A tiny model trained for minutes: a smoke test, not a result."]
+    (output_dir / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def prepare_output_dir(path: Path, overwrite: bool) -> None:
+    """Write only into a folder the recipe made (or a new or empty one), unless the user says --overwrite_output_dir."""
+    if path.is_file():
+        raise SystemExit(f"error: --output_dir {path} is a file")
+    if path.exists() and any(path.iterdir()) and not (path / MARKER).exists() and not overwrite:
+        raise SystemExit(
+            f"error: --output_dir {path} is not empty and was not made by this recipe; pass --overwrite_output_dir "
+            "to write into it, or choose another folder"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    (path / MARKER).touch()
+    if overwrite:  # every stage runs again: no record of an earlier run may stand for this one
+        for record in path.glob(f"*/{STAGE_RECORD}"):
+            record.unlink()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="posformers-littlebird-recipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--output_dir", type=Path, default=Path("demo_output/littlebird-recipe"))
+    parser.add_argument("--size", choices=sorted(RECIPE_SIZES), default="full", help="preset of every size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--overwrite_output_dir", action="store_true", help="write into any folder; rerun all stages")
+    args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    """Run the recipe with `argv` (default: sys.argv[1:]); returns the summary to in-process callers."""
+    args = parse_args(argv)
+    # Small models: a second intra-op thread gains little, and on a busy machine it spin-waits (models/demo.py).
+    torch.set_num_threads(args.threads)
+    prepare_output_dir(args.output_dir, args.overwrite_output_dir)
+    recipe = Recipe(args.output_dir, RECIPE_SIZES[args.size], args.seed, args.overwrite_output_dir)
+    recipe.data.mkdir(exist_ok=True)
+    recipe.text = write_pretraining_text(recipe.data, recipe.size)
+    records: dict = {}
+    for stage in STAGES:
+        record_path = recipe.folder(stage) / STAGE_RECORD
+        if record_path.is_file():
+            records[stage] = json.loads(record_path.read_text(encoding="utf-8"))
+            print(f"== {stage}: finished in an earlier run, skipped ({record_path})", flush=True)
+            continue
+        print(f"== {STAGES.index(stage) + 1}. {stage} ==", flush=True)
+        start = time.perf_counter()
+        metrics = getattr(recipe, stage)()
+        records[stage] = {"seconds": round(time.perf_counter() - start, 1), "metrics": metrics}
+        record_path.write_text(json.dumps(records[stage], indent=2) + "\n", encoding="utf-8")
+        summarize(args.output_dir, records, args.size, args.seed)
+    summary = summarize(args.output_dir, records, args.size, args.seed)
+    print((args.output_dir / "summary.md").read_text(encoding="utf-8"), flush=True)
+    return None if argv is None else summary
+
+
+if __name__ == "__main__":
+    main()
