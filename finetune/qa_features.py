@@ -6,6 +6,10 @@ A document longer than `max_seq_length` becomes several windows ("features") of 
 `stride`, as in transformers' run_qa), so an answer cut by one window's edge lies whole in the next. Each feature
 remembers its example (`example_id`), its context tokens' character offsets (`offset_mapping`, None for question and
 special tokens) and its `cls_index`, which is where "no answer in this window" points.
+
+A model whose span-selection head answers (`qa_head="span_selection"`, Splinter's QASS) reads windows of the form
+`[CLS] question [QUESTION] [SEP] context piece [SEP]`: the question token closes the question segment, as in Splinter,
+and its state asks for the answer span.
 """
 
 from __future__ import annotations
@@ -58,14 +62,19 @@ def prepare_features(
     pad_to_max_length: bool = False,
     with_labels: bool = True,
     for_postprocessing: bool = False,
+    question_token: str | None = None,
 ) -> dict:
     """Windows of a batch of examples (a `datasets.map(batched=True)` function).
 
     with_labels: add `start_positions` / `end_positions` (the gold tokens, or cls_index where the window holds no
     answer). for_postprocessing: add `example_id`, `offset_mapping` (None outside the context) and `cls_index`.
+    question_token: an added special token (the span-selection head's [QUESTION]) put right after each question.
     """
+    questions = [question.lstrip() for question in examples["question"]]  # leading spaces would waste window room
+    if question_token is not None:
+        questions = [f"{question} {question_token}" for question in questions]
     encoded = tokenizer(
-        [question.lstrip() for question in examples["question"]],  # leading spaces would waste window room
+        questions,
         examples["context"],
         truncation="only_second",
         max_length=max_seq_length,

@@ -4,7 +4,10 @@ The arguments are those of transformers' examples/pytorch/question-answering/run
 flag; the model, config and tokenizer load through the Auto classes (`import posformers` registers RoFormer, DeBERTa
 and LittleBird), so all three families and any transformers QA model work the same way. `--padding_free
 auto|true|false` (default auto) feeds the posformers models flattened batches (finetune/padding_free.py); their QA
-heads then give per-window logits of the longest window's length, as a padded batch does.
+heads then give per-window logits of the longest window's length, as a padded batch does. A model whose config has
+`qa_head="span_selection"` (a recurring span selection checkpoint, `posformers-pretrain --objective rss`) answers with
+its span-selection head: each window gets the model's [QUESTION] token (`question_token_id`, an added special token
+of the tokenizer saved with the model) right after the question.
 
     posformers-qa --model_name_or_path path/to/model --train_file train-v1.1.json --validation_file dev-v1.1.json \
         --do_train --do_eval --output_dir out/squad
@@ -231,8 +234,30 @@ def check_tokenizer(tokenizer, max_seq_length: int, doc_stride: int) -> None:
     tokenizer.padding_side = "right"
 
 
-def to_features(examples: list[dict], split: str, tokenizer, data_args, max_seq_length: int, training_args):
-    """(examples Dataset, features Dataset) of one split."""
+def question_token(config, tokenizer) -> str | None:
+    """The [QUESTION] token that a span-selection QA head (config.qa_head "span_selection") reads after each question,
+    checked to be an added special token of the tokenizer; None for any other head."""
+    if getattr(config, "qa_head", "linear") != "span_selection":
+        return None
+    token_id = getattr(config, "question_token_id", None)
+    if token_id is None:
+        raise ArgumentError(
+            "the model's config has qa_head='span_selection' but no question_token_id: set it to the id of the "
+            "[QUESTION] token the head was trained with"
+        )
+    added = tokenizer.added_tokens_decoder.get(token_id)
+    if added is None or not added.special:
+        raise ArgumentError(
+            f"the model's span-selection head reads a [QUESTION] token (id {token_id}) after each question, but the "
+            "tokenizer has no added special token of that id: use the tokenizer saved with the model"
+        )
+    return added.content
+
+
+def to_features(
+    examples: list[dict], split: str, tokenizer, data_args, max_seq_length: int, training_args, question_token=None
+):
+    """(examples Dataset, features Dataset) of one split; `question_token` goes after each question."""
     dataset = datasets.Dataset.from_list(examples)
     with_labels = split != "test" or any(example["answers"]["text"] for example in examples)
     prepare = functools.partial(
@@ -243,6 +268,7 @@ def to_features(examples: list[dict], split: str, tokenizer, data_args, max_seq_
         pad_to_max_length=data_args.pad_to_max_length,
         with_labels=with_labels,
         for_postprocessing=split != "train",
+        question_token=question_token,
     )
     with training_args.main_process_first(desc=f"windowing {split}"):
         try:
@@ -282,13 +308,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     tokenizer = load_tokenizer(model_args)
     max_seq_length = window_length(config, data_args.max_seq_length)
     check_tokenizer(tokenizer, max_seq_length, data_args.doc_stride)
+    question = question_token(config, tokenizer)
     model = load_model(model_args, config, AutoModelForQuestionAnswering)
     padding_free = plan_padding_free(
         run_args.padding_free, model, training_args, pad_to_max_length=data_args.pad_to_max_length
     )
 
     datasets_ = {
-        split: to_features(examples, split, tokenizer, data_args, max_seq_length, training_args)
+        split: to_features(examples, split, tokenizer, data_args, max_seq_length, training_args, question)
         for split, examples in splits.items()
     }
     normalizer = "triviaqa" if any("aliases" in e for examples in splits.values() for e in examples[:1]) else "squad"

@@ -71,8 +71,9 @@ def load_korquad(mode):
     ]
 
 
-def windows(examples, tokenizer, max_seq_length, doc_stride):
-    """(examples Dataset, features Dataset with gold positions and post-processing columns)."""
+def windows(examples, tokenizer, max_seq_length, doc_stride, **options):
+    """(examples Dataset, features Dataset with gold positions and post-processing columns); `options` go to
+    prepare_features."""
     dataset = datasets.Dataset.from_list(examples)
     prepare = functools.partial(
         prepare_features,
@@ -81,6 +82,7 @@ def windows(examples, tokenizer, max_seq_length, doc_stride):
         doc_stride=doc_stride,
         with_labels=True,
         for_postprocessing=True,
+        **options,
     )
     return dataset, dataset.map(prepare, batched=True, remove_columns=dataset.column_names)
 
@@ -95,8 +97,8 @@ def gold_logits(features):
     return start, end
 
 
-def round_trip(examples, tokenizer, max_seq_length=384, doc_stride=128, version_2=False, normalizer="squad"):
-    dataset, features = windows(examples, tokenizer, max_seq_length, doc_stride)
+def round_trip(examples, tokenizer, max_seq_length=384, doc_stride=128, version_2=False, normalizer="squad", **options):
+    dataset, features = windows(examples, tokenizer, max_seq_length, doc_stride, **options)
     start, end = gold_logits(features)
     predictions = postprocess_predictions(
         dataset, features, start, end, version_2_with_negative=version_2, max_answer_length=1000
@@ -505,4 +507,124 @@ def test_hub_dataset_offline_is_a_clear_error(workspace, tmp_path):
     args = ["--dataset_name", "squad", "--do_eval", "--output_dir", str(tmp_path / "out"),
             "--config_name", str(workspace / "config.json")]  # fmt: skip
     with pytest.raises(SystemExit, match=r"cannot load split 'validation' of dataset 'squad'.*HF_HUB_OFFLINE"):
+        run_qa.main(args)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A span-selection checkpoint (qa_head="span_selection"): the [QUESTION] token after each question
+# ---------------------------------------------------------------------------------------------------------------------
+
+QUESTION_TOKEN = "[QUESTION]"
+DEMO_QA = Path(run_qa.__file__).resolve().parents[1] / "models" / "demo_data" / "qa"
+
+
+@pytest.fixture(scope="module")
+def question_tokenizer():
+    """bert-base-uncased with [QUESTION] added as a special token, as posformers-pretrain --objective rss adds it."""
+    tokenizer = BertTokenizerFast(vocab=str(BERT_VOCAB), do_lower_case=True)
+    tokenizer.add_special_tokens({"additional_special_tokens": [QUESTION_TOKEN]})
+    return tokenizer
+
+
+def test_span_selection_windows_hold_one_question_token_right_after_the_question(question_tokenizer):
+    examples = long_document_examples()
+    question_id = question_tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
+    metrics, _, features = round_trip(
+        examples, question_tokenizer, max_seq_length=96, doc_stride=48, question_token=QUESTION_TOKEN
+    )
+    assert len(features) > 20 * len(examples)
+    for ids in features["input_ids"]:
+        assert ids.count(question_id) == 1
+        assert ids.index(question_id) == ids.index(question_tokenizer.sep_token_id) - 1  # closes the question
+    assert metrics["exact_match"] == 100.0  # the gold positions still point at the answers
+    _, plain = windows(examples, question_tokenizer, 96, 48)
+    assert question_id not in {i for ids in plain["input_ids"] for i in ids}
+
+
+@pytest.fixture(scope="module")
+def span_selection_checkpoint(tmp_path_factory, question_tokenizer) -> Path:
+    """A tiny LittleBirdForQuestionSpanSelection saved as an RSS run saves it: qa_head="span_selection",
+    question_token_id set, the tokenizer with [QUESTION] beside it."""
+    import torch
+
+    from posformers import LittleBirdForQuestionSpanSelection
+
+    folder = tmp_path_factory.mktemp("rss-checkpoint")
+    fields = {k: v for k, v in TINY_LITTLEBIRD.items() if k != "model_type"}
+    question_id = question_tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
+    config = AutoConfig.for_model(
+        "littlebird",
+        **fields,
+        vocab_size=len(question_tokenizer),
+        question_token_id=question_id,
+        qa_head="span_selection",
+    )
+    torch.manual_seed(0)
+    LittleBirdForQuestionSpanSelection(config).save_pretrained(folder)
+    question_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def rss_qa_args(checkpoint: Path, output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--model_name_or_path", str(checkpoint),
+        "--train_file", str(DEMO_QA / "train.json"),
+        "--validation_file", str(DEMO_QA / "train.json"),
+        "--output_dir", str(output_dir),
+        "--per_device_train_batch_size", "4",
+        "--per_device_eval_batch_size", "4",
+        "--max_train_samples", "8",
+        "--max_eval_samples", "4",
+        *QUIET_RUN,
+        *extra,
+    ]  # fmt: skip
+
+
+QUIET_RUN = ("--report_to", "none", "--seed", "0", "--disable_tqdm", "true", "--save_strategy", "no")
+
+
+def test_span_selection_checkpoint_evaluates_with_its_own_head_on_long_documents(
+    span_selection_checkpoint, question_tokenizer, tmp_path
+):
+    """posformers-qa reads the RSS checkpoint's head (no weight left untrained): its evaluation logits on the demo's
+    1,848-token document, one LittleBird window with [QUESTION] after the question, are the span-selection model's."""
+    import torch
+
+    from posformers import LittleBirdForQuestionSpanSelection
+
+    run_qa.main(rss_qa_args(span_selection_checkpoint, tmp_path / "eval", "--do_eval"))
+    nbest = json.loads((tmp_path / "eval" / "eval_nbest_predictions.json").read_text())
+    examples = load_file_examples(DEMO_QA / "train.json")[:4]
+    _, features = windows(examples, question_tokenizer, 4096, 128, question_token=QUESTION_TOKEN)
+    assert len(features) == len(examples) and len(features["input_ids"][0]) > 1500  # one window per question
+    model = LittleBirdForQuestionSpanSelection.from_pretrained(span_selection_checkpoint).eval()
+    for index, example in enumerate(examples):
+        with torch.no_grad():
+            window = {key: torch.tensor([features[key][index]]) for key in ("input_ids", "token_type_ids")}
+            start_logits = model(**window).start_logits[0, 0]
+        best = nbest[example["id"]][0]
+        offsets = features["offset_mapping"][index]
+        token = next(i for i, o in enumerate(offsets) if o is not None and o[0] == best["answer_start"])
+        assert abs(start_logits[token].item() - best["start_logit"]) <= 1e-4
+
+
+def test_span_selection_checkpoint_fine_tunes_through_the_script(span_selection_checkpoint, tmp_path):
+    results = run_qa.main(
+        rss_qa_args(span_selection_checkpoint, tmp_path / "train", "--do_train", "--do_eval", "--max_steps", "3")
+    )
+    assert results["train_samples"] == 8 and "eval_exact_match" in results
+    saved = json.loads((tmp_path / "train" / "config.json").read_text())
+    assert saved["qa_head"] == "span_selection" and saved["architectures"] == ["LittleBirdForQuestionAnswering"]
+    before, after = (load_file(d / "model.safetensors") for d in (span_selection_checkpoint, tmp_path / "train"))
+    assert before.keys() == after.keys()  # the same head, nothing added or dropped
+    assert not (before["qass.start_classifier.weight"] == after["qass.start_classifier.weight"]).all()  # trained
+
+
+def test_span_selection_checkpoint_needs_its_question_token(span_selection_checkpoint, workspace, tmp_path):
+    args = rss_qa_args(span_selection_checkpoint, tmp_path / "a", "--do_eval")
+    with pytest.raises(SystemExit, match=r"no added special token of that id: use the tokenizer saved with the model"):
+        run_qa.main([*args, "--tokenizer_name", str(workspace / "tokenizer")])
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_LITTLEBIRD, "qa_head": "span_selection"}))
+    args = [*script_args(workspace, tmp_path / "b", "--do_eval"), "--config_name", str(tmp_path / "config.json")]
+    with pytest.raises(SystemExit, match=r"qa_head='span_selection' but no question_token_id"):
         run_qa.main(args)
