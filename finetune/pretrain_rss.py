@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from .errors import ArgumentError, DataError
+from .loading import _hub_kwargs as hub_kwargs
 from .pretrain_data import MASK_SEED, _example_generator
 from .pretrain_distill import PaddingInsertionCollator
 
@@ -409,9 +410,17 @@ def span_selection_class(model_type: str):
     return getattr(posformers, classes[model_type])
 
 
-def prepare_rss_model(model, tokenizer, question_token_id: int):
-    """Fit the model to the tokenizer with [QUESTION] (new embedding rows where it is new) and record, in its
-    config, the token and that posformers-qa should fine-tune it with the span-selection head."""
+def build_rss_model(config, model_args, tokenizer, question_token_id: int):
+    """XForQuestionSpanSelection: from --model_name_or_path (its encoder loads, e.g. from an MLM or distilled
+    checkpoint; the head is new) or new from `config`. The model is fitted to the tokenizer with [QUESTION] (new
+    embedding rows where the token is new), and its config records the token and that posformers-qa should
+    fine-tune it with the span-selection head."""
+    model_class = span_selection_class(config.model_type)
+    if model_args.model_name_or_path is None:
+        logger.info("training a new %s from scratch", model_class.__name__)
+        model = model_class(config)
+    else:
+        model = model_class.from_pretrained(model_args.model_name_or_path, config=config, **hub_kwargs(model_args))
     if len(tokenizer) > model.config.vocab_size:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     model.config.question_token_id = question_token_id

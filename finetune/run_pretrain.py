@@ -36,11 +36,14 @@ than a pre-trained model's vocabulary, sequences longer than the model's positio
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
+from transformers.trainer_utils import get_last_checkpoint
 
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
 from .errors import ArgumentError, exit_on_data_error
@@ -58,15 +61,26 @@ from .pretrain_data import (
     train_tokenizer,
 )
 from .pretrain_distill import DistillArguments, DistillationTrainer, PaddingInsertionCollator, load_teacher
+from .pretrain_rss import (
+    RecurringSpanCollator,
+    RSSArguments,
+    RSSPaddingInsertionCollator,
+    add_question_token,
+    annotate_spans,
+    build_rss_model,
+    preprocess_span_logits,
+    rss_metrics,
+    span_selection_class,
+)
 from .pretrain_rtd import RTDArguments, RTDTrainer, build_rtd_model, preprocess_rtd_logits, rtd_metrics
 from .reporting import ThroughputCallback, count_tokens, setup_logging
 from .stages import run_stages
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = ("mlm", "rtd", "distill")
-# The model family each objective trains (None: any masked-language model).
-OBJECTIVE_MODEL_TYPES = {"mlm": None, "rtd": "posformers-deberta", "distill": "littlebird"}
+OBJECTIVES = ("mlm", "rtd", "distill", "rss")
+# The model family each objective trains (None: any masked-language model; rss: any of the three posformers models).
+OBJECTIVE_MODEL_TYPES = {"mlm": None, "rtd": "posformers-deberta", "distill": "littlebird", "rss": None}
 # What a flattened MLM batch keeps per token: the masked ids and their labels.
 MLM_TOKEN_KEYS = ("input_ids", "token_type_ids", "labels")
 
@@ -80,7 +94,8 @@ class PretrainArguments:
         metadata={
             "help": "mlm: masked language modelling (all models; DeBERTa through its Enhanced Mask Decoder). "
             "rtd: DeBERTa-v3 replaced token detection with gradient-disentangled embedding sharing. "
-            "distill: a LittleBird student learns a teacher's MLM distributions with Padding Insertion.",
+            "distill: a LittleBird student learns a teacher's MLM distributions with Padding Insertion. "
+            "rss: Recurring Span Selection (Splinter's), with a question-aware span-selection head.",
             "choices": list(OBJECTIVES),
         },
     )
@@ -168,71 +183,126 @@ def build_model(objective: str, config, model_args: ModelArguments, rtd_args: RT
     return load_model(model_args, config, AutoModelForMaskedLM)
 
 
-def packed_splits(corpus: dict, tokenizer, data_args: PretrainDataArguments, seed: int) -> dict:
-    """Packed train and (masked-once) validation splits."""
+def packed_splits(corpus: dict, tokenizer, data_args: PretrainDataArguments, seed: int, rss_args=None) -> dict:
+    """Packed train and (masked-once) validation splits; for RSS (`rss_args`) with their recurring spans."""
+    if rss_args is not None and not getattr(tokenizer, "is_fast", False):
+        raise ArgumentError("--objective rss needs a fast tokenizer (tokenizer.json) to find word boundaries")
+    word_starts = data_args.whole_word_masking or rss_args is not None
+    workers = data_args.preprocessing_num_workers
     packed = {
-        split: pack_corpus(
-            text, tokenizer, data_args.max_seq_length, data_args.whole_word_masking, data_args.preprocessing_num_workers
-        )
+        split: pack_corpus(text, tokenizer, data_args.max_seq_length, word_starts, workers)
         for split, text in corpus.items()
     }
+    if rss_args is not None:
+        names = {"train": "training", "validation": "held-out"}
+        packed = {
+            split: annotate_spans(passages, tokenizer, rss_args.rss_max_span_length, workers, names[split])
+            for split, passages in packed.items()
+        }
     if "validation" in packed:
         packed["validation"] = fix_masks(packed["validation"], seed)
     return packed
 
 
+class PretrainRun(NamedTuple):
+    """Every argument group of the script."""
+
+    model: ModelArguments
+    data: PretrainDataArguments
+    pretrain: PretrainArguments
+    rtd: RTDArguments
+    distill: DistillArguments
+    rss: RSSArguments
+    run: RunArguments
+    training: TrainingArguments
+
+
+ARGUMENT_GROUPS = (
+    ModelArguments,
+    PretrainDataArguments,
+    PretrainArguments,
+    RTDArguments,
+    DistillArguments,
+    RSSArguments,
+    RunArguments,
+    TrainingArguments,
+)
+
+
 @exit_on_data_error
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Run the script with `argv` (default: sys.argv[1:]); returns every metric it reported."""
-    model_args, data_args, pretrain_args, rtd_args, distill_args, run_args, training_args = parse_arguments(
-        (
-            ModelArguments,
-            PretrainDataArguments,
-            PretrainArguments,
-            RTDArguments,
-            DistillArguments,
-            RunArguments,
-            TrainingArguments,
-        ),
-        argv,
-    )
-    setup_logging(training_args)
-    check_run(training_args, data_args)
-    checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
-    set_seed(training_args.seed)
-    objective = pretrain_args.objective
+    run = PretrainRun(*parse_arguments(ARGUMENT_GROUPS, argv))
+    setup_logging(run.training)
+    check_run(run.training, run.data)
+    run.rss.check()
+    objective = run.pretrain.objective
+    if run.rss.rss_after_distill_steps > 0:
+        if objective != "distill":
+            raise ArgumentError(f"--rss_after_distill_steps follows --objective distill, not {objective}")
+        return distill_then_rss(run)
+    checkpoint = prepare_output_dir(run.training, run.run.overwrite_output_dir)
+    return pretrain(objective, run, checkpoint)
 
+
+def pretrain(objective: str, run: PretrainRun, checkpoint: str | None = None) -> dict[str, float]:
+    """One pre-training run of `objective` into run.training.output_dir (resuming from `checkpoint`)."""
+    model_args, data_args, _, rtd_args, distill_args, rss_args, run_args, training_args = run
+    set_seed(training_args.seed)
     config = load_config(model_args)
     required = OBJECTIVE_MODEL_TYPES[objective]
     if required is not None and config.model_type != required:
         raise ArgumentError(f"--objective {objective} trains {required} models; got {config.model_type}")
     if objective == "distill":
         distill_args.check()
+    rss = objective == "rss"
+    if rss:
+        span_selection_class(config.model_type)  # refuses the models without a span-selection head
+        if rss_args.rss_padding_insertion and config.model_type != "littlebird":
+            raise ArgumentError(f"--rss_padding_insertion is for LittleBird models, not {config.model_type}")
     corpus = load_corpus(data_args, training_args.seed, model_args.cache_dir, need_validation=training_args.do_eval)
     tokenizer = obtain_tokenizer(model_args, data_args, corpus, checkpoint, training_args.output_dir)
     config = fit_config_to_tokenizer(config, tokenizer, model_args, data_args)
-    model = build_model(objective, config, model_args, rtd_args)
-    # Distillation inserts padding into the student's batches on purpose: they stay padded (the model unpads them
-    # internally where it can: right padding; inserted runs are holes, which keep the padded path).
+    if rss:
+        question_token_id = add_question_token(tokenizer)
+        if model_args.model_name_or_path is None:
+            config.vocab_size = max(config.vocab_size, len(tokenizer))
+        model = build_rss_model(config, model_args, tokenizer, question_token_id)
+    else:
+        model = build_model(objective, config, model_args, rtd_args)
+    # Distillation and RSS with Padding Insertion insert padding into the batches on purpose: they stay padded (the
+    # model unpads them internally where it can: right padding; inserted runs are holes, which keep the padded path).
+    inserts_padding = objective == "distill" or (rss and rss_args.rss_padding_insertion)
     padding_free = plan_padding_free(
         run_args.padding_free,
         model,
         training_args,
-        flattenable=objective != "distill",
-        reason="--objective distill inserts padding into the student's batches on purpose",
+        flattenable=not inserts_padding,
+        reason=f"--objective {objective} with Padding Insertion inserts padding into the batches on purpose",
     )
-    packed = packed_splits(corpus, tokenizer, data_args, training_args.seed)
+    packed = packed_splits(corpus, tokenizer, data_args, training_args.seed, rss_args if rss else None)
 
-    # RTD masks every selected token (the official DeBERTa-v3 data); MLM uses BERT's 80/10/10.
-    replace = {"mask_replace_prob": 1.0, "random_replace_prob": 0.0} if objective == "rtd" else {}
-    collator = MaskingCollator(
-        tokenizer,
-        data_args.mlm_probability,
-        data_args.whole_word_masking,
-        pad_to_multiple_of=8 if training_args.fp16 or training_args.bf16 else None,
-        seed=training_args.seed,
-        **replace,
-    )
+    pad_to_multiple_of = 8 if training_args.fp16 or training_args.bf16 else None
+    if rss:
+        collator = RecurringSpanCollator(
+            tokenizer,
+            question_token_id,
+            rss_args.rss_max_questions,
+            rss_args.rss_question_rate,
+            pad_to_multiple_of=pad_to_multiple_of,
+            seed=training_args.seed,
+        )
+    else:
+        # RTD masks every selected token (the official DeBERTa-v3 data); MLM uses BERT's 80/10/10.
+        replace = {"mask_replace_prob": 1.0, "random_replace_prob": 0.0} if objective == "rtd" else {}
+        collator = MaskingCollator(
+            tokenizer,
+            data_args.mlm_probability,
+            data_args.whole_word_masking,
+            pad_to_multiple_of=pad_to_multiple_of,
+            seed=training_args.seed,
+            **replace,
+        )
     count_tokens(training_args)
     training_args.remove_unused_columns = False  # the collator reads word_starts / mask_seed and drops them
     common = dict(
@@ -254,6 +324,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             data_collator=padding_free.collator(collator, MLM_TOKEN_KEYS), compute_metrics=rtd_metrics,
             preprocess_logits_for_metrics=preprocess_rtd_logits, **common,
         )  # fmt: skip
+    elif rss:  # finetune/pretrain_rss.py
+        if rss_args.rss_padding_insertion:
+            rss_collator = RSSPaddingInsertionCollator(tokenizer, collator, **distill_args.padding_insertion_options())
+        else:
+            rss_collator = padding_free.collator(collator)
+        training_args.label_names = ["start_positions", "end_positions"]  # evaluation reports the head's loss
+        trainer = Trainer(
+            data_collator=rss_collator,
+            compute_metrics=rss_metrics,
+            preprocess_logits_for_metrics=preprocess_span_logits,
+            **common,
+        )
     else:
         trainer = Trainer(
             data_collator=padding_free.collator(collator, MLM_TOKEN_KEYS),
@@ -270,18 +352,91 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             metrics["eval_samples"] = len(packed["validation"])
         return metrics
 
+    tasks = {"mlm": "fill-mask", "rss": "question-answering"}.get(objective, "feature-extraction")
     results = run_stages(
         trainer,
         checkpoint,
         train_samples=None if data_args.streaming else len(packed["train"]),
         evaluate=evaluate,
-        card={
-            "finetuned_from": model_args.model_name_or_path,
-            "tasks": "fill-mask" if objective == "mlm" else "feature-extraction",
-        },
+        card={"finetuned_from": model_args.model_name_or_path, "tasks": tasks},
     )
     if trainer.is_world_process_zero():
         logger.info("pre-trained model written to %s", Path(training_args.output_dir).resolve())
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Distillation, then RSS
+# ---------------------------------------------------------------------------------------------------------------------
+
+DISTILL_STAGE_DIR = "distill"
+
+
+def distill_finished(folder: Path) -> bool:
+    """Whether the distillation stage wrote its final model (it reports train_results.json after saving it)."""
+    return (folder / "train_results.json").is_file() and (folder / "config.json").is_file()
+
+
+def chain_checkpoints(training_args: TrainingArguments, distill_dir: Path) -> tuple[str | None, str | None, bool]:
+    """Where each stage resumes from under --resume_from_checkpoint: (distillation's, RSS's, skip distillation)."""
+    resume = training_args.resume_from_checkpoint
+    if resume is None or str(resume).lower() in ("false", "0", ""):
+        return None, None, False
+    output_dir = Path(training_args.output_dir)
+    if str(resume).lower() in ("true", "1"):
+        last_rss = get_last_checkpoint(output_dir) if output_dir.is_dir() else None
+        if last_rss is not None or distill_finished(distill_dir):
+            return None, last_rss, True
+        return "True", None, False  # prepare_output_dir finds distillation's last checkpoint-N or says there is none
+    if Path(resume).resolve().parent == distill_dir.resolve():
+        return str(resume), None, False
+    if not distill_finished(distill_dir):
+        raise ArgumentError(
+            f"--resume_from_checkpoint {resume}: an RSS checkpoint, but the distillation stage in {distill_dir} has "
+            "not finished (resume from one of its checkpoint-N folders instead)"
+        )
+    return None, str(resume), True
+
+
+def distill_then_rss(run: PretrainRun) -> dict[str, float]:
+    """`--objective distill --rss_after_distill_steps N`: distillation for N steps into output_dir/distill, then RSS
+    from the distilled student for the other max_steps - N steps into output_dir. Each stage has its own checkpoints
+    and step count; --resume_from_checkpoint True resumes whichever stage was interrupted."""
+    training_args, steps = run.training, run.rss.rss_after_distill_steps
+    if not training_args.do_train:
+        raise ArgumentError("--rss_after_distill_steps needs --do_train (it chains two training stages)")
+    if not 0 < steps < training_args.max_steps:
+        raise ArgumentError(
+            f"--rss_after_distill_steps {steps} must be below --max_steps ({training_args.max_steps}): the RSS stage "
+            "trains for the steps after it"
+        )
+    distill_dir = Path(training_args.output_dir) / DISTILL_STAGE_DIR
+    distill_checkpoint, rss_checkpoint, skip_distill = chain_checkpoints(training_args, distill_dir)
+    results = {}
+    if not skip_distill:
+        distill_training = copy.deepcopy(training_args)
+        distill_training.output_dir, distill_training.max_steps = str(distill_dir), steps
+        distill_training.resume_from_checkpoint = distill_checkpoint
+        checkpoint = prepare_output_dir(distill_training, run.run.overwrite_output_dir)
+        logger.info("stage 1 of 2: distillation for %d steps into %s", steps, distill_dir)
+        metrics = pretrain("distill", run._replace(training=distill_training), checkpoint)
+        results.update({f"distill_{key}": value for key, value in metrics.items()})
+
+    rss_training = copy.deepcopy(training_args)
+    rss_training.max_steps = training_args.max_steps - steps
+    rss_training.resume_from_checkpoint = rss_checkpoint
+    checkpoint = prepare_output_dir(rss_training, run.run.overwrite_output_dir)
+    # the RSS model starts from the distilled student, with its tokenizer (trained in stage 1 where asked)
+    rss_run = run._replace(
+        model=dataclasses.replace(
+            run.model, model_name_or_path=str(distill_dir), config_name=None, model_type=None, config_overrides=None,
+            tokenizer_name=str(distill_dir),
+        ),
+        data=dataclasses.replace(run.data, train_tokenizer=None),
+        training=rss_training,
+    )  # fmt: skip
+    logger.info("stage 2 of 2: RSS for %d steps into %s", rss_training.max_steps, rss_training.output_dir)
+    results.update(pretrain("rss", rss_run, checkpoint))
     return results
 
 

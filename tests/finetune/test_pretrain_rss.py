@@ -4,15 +4,18 @@ three models end to end, distillation followed by RSS, resuming, and bad input."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import datasets
 import pytest
 import torch
-from conftest import TOKENIZER_DIR
-from helpers.pretrain_corpus import squad_contexts
-from transformers import AutoTokenizer
+from conftest import QUIET, TOKENIZER_DIR
+from helpers.pretrain_corpus import TINY, eval_history, squad_contexts
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
+from posformers.finetune import run_pretrain
 from posformers.finetune.errors import DataError
-from posformers.finetune.pretrain_data import fix_masks, pack_batch, pack_corpus
+from posformers.finetune.pretrain_data import fix_masks, pack_batch, pack_corpus, train_tokenizer
 from posformers.finetune.pretrain_rss import (
     QUESTION_TOKEN,
     RecurringSpanCollator,
@@ -222,3 +225,56 @@ def test_a_corpus_without_recurring_spans_is_refused(tokenizer):
     packed = pack_corpus(split, tokenizer, 16, word_starts=True)
     with pytest.raises(DataError, match=r"no recurring span .* in any of the 1 training passage\(s\)"):
         annotate_spans(packed, tokenizer, 10)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# posformers-pretrain --objective rss
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def contexts(tmp_path_factory) -> Path:
+    """All SQuAD v1.1 dev paragraphs, one a line: posformers-pretrain holds 10% of them out."""
+    path = tmp_path_factory.mktemp("rss") / "contexts.txt"
+    path.write_text("\n".join(squad_contexts()) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def wordpiece(contexts, tmp_path_factory) -> Path:
+    """A 1000-token WordPiece tokenizer trained on the paragraphs, saved as a folder."""
+    documents = contexts.read_text(encoding="utf-8").splitlines()
+    tokenizer = train_tokenizer(datasets.Dataset.from_dict({"text": documents}), "wordpiece", 1000)
+    folder = tmp_path_factory.mktemp("tokenizer")
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def rss_argv(contexts, output, model_type="posformers-roformer", steps=40):
+    return [
+        "--objective", "rss", "--model_type", model_type, "--config_overrides", TINY[model_type],
+        "--train_file", str(contexts), "--validation_split_percentage", "10", "--max_seq_length", "64",
+        "--do_train", "--do_eval", "--max_steps", str(steps), "--per_device_train_batch_size", "16",
+        "--per_device_eval_batch_size", "32", "--learning_rate", "3e-3", "--warmup_steps", "4", "--logging_steps", "10",
+        "--output_dir", str(output), "--seed", "7", *QUIET,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", ["posformers-roformer", "posformers-deberta", "littlebird"])
+def test_rss_held_out_span_loss_falls(model_type, contexts, wordpiece, tmp_path):
+    output = tmp_path / "out"
+    metrics = run_pretrain.main(
+        [*rss_argv(contexts, output, model_type), "--tokenizer_name", str(wordpiece), "--eval_on_start"]
+    )
+    start, end = eval_history(output, "eval_loss")[0], metrics["eval_loss"]
+    first_match = eval_history(output, "eval_exact_match")[0]
+    print(f"{model_type}: held-out span loss {start:.3f} -> {end:.3f}, exact match {first_match:.3f} -> "
+          f"{metrics['eval_exact_match']:.3f}")  # fmt: skip
+    assert end < start - 0.3
+    assert metrics["eval_exact_match"] > first_match + 0.05
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    question_id = tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
+    assert QUESTION_TOKEN in tokenizer.all_special_tokens and question_id == len(tokenizer) - 1
+    model = AutoModelForQuestionAnswering.from_pretrained(output)  # posformers-qa fine-tunes with the QASS head
+    assert model.config.qa_head == "span_selection" and model.config.question_token_id == question_id
+    assert model.config.vocab_size == len(tokenizer)
