@@ -4,6 +4,8 @@ three models end to end, distillation followed by RSS, resuming, and bad input."
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import datasets
@@ -11,10 +13,14 @@ import pytest
 import torch
 from conftest import QUIET, TOKENIZER_DIR
 from helpers.pretrain_corpus import TINY, eval_history, squad_contexts
-from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+from safetensors.torch import load_file
+from transformers import AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoTokenizer
 
+from posformers import LittleBirdForQuestionSpanSelection, RoFormerForQuestionSpanSelection
 from posformers.finetune import run_pretrain
+from posformers.finetune.arguments import ModelArguments
 from posformers.finetune.errors import DataError
+from posformers.finetune.loading import load_config
 from posformers.finetune.pretrain_data import fix_masks, pack_batch, pack_corpus, train_tokenizer
 from posformers.finetune.pretrain_rss import (
     QUESTION_TOKEN,
@@ -22,11 +28,13 @@ from posformers.finetune.pretrain_rss import (
     RSSPaddingInsertionCollator,
     add_question_token,
     annotate_spans,
+    build_rss_model,
     find_recurring_spans,
     mask_recurring_spans,
     piece_texts,
     token_kinds,
 )
+from posformers.roformer import RoFormerConfig, RoFormerForMaskedLM
 
 # SQuAD v1.1 dev's first paragraph ("Super Bowl 50 was an American football game ..."), bert-base-uncased tokens.
 # Checked by hand: every n-gram of whole words that occurs twice, minus stopword-only and punctuation n-grams, chosen
@@ -278,3 +286,111 @@ def test_rss_held_out_span_loss_falls(model_type, contexts, wordpiece, tmp_path)
     model = AutoModelForQuestionAnswering.from_pretrained(output)  # posformers-qa fine-tunes with the QASS head
     assert model.config.qa_head == "span_selection" and model.config.question_token_id == question_id
     assert model.config.vocab_size == len(tokenizer)
+
+
+def assert_same_weights(folder, other, atol=1e-6):
+    before, after = load_file(str(folder / "model.safetensors")), load_file(str(other / "model.safetensors"))
+    assert before.keys() == after.keys()
+    for key in before:
+        torch.testing.assert_close(before[key], after[key], rtol=0, atol=atol, msg=key)
+
+
+def test_resumed_rss_run_ends_like_an_uninterrupted_one(contexts, tmp_path):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    # a tokenizer trained by the run itself (reloaded from the checkpoint on resume), dropout on
+    argv = ["--train_tokenizer", "wordpiece", "--tokenizer_vocab_size", "800", "--save_strategy", "steps",
+            "--save_steps", "3"]  # fmt: skip
+    expected = run_pretrain.main([*rss_argv(contexts, whole, steps=6), *argv])
+    resumed.mkdir()
+    shutil.copytree(whole / "checkpoint-3", resumed / "checkpoint-3")  # as if stopped after step 3
+    metrics = run_pretrain.main([*rss_argv(contexts, resumed, steps=6), *argv, "--resume_from_checkpoint", "True"])
+    assert_same_weights(whole, resumed)
+    for key in ("eval_loss", "eval_exact_match"):  # (train_loss averages the steps of its own session)
+        assert metrics[key] == pytest.approx(expected[key], abs=1e-6), key
+
+
+def test_an_mlm_checkpoint_starts_rss_with_its_encoder(wordpiece, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(wordpiece)
+    config = RoFormerConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    RoFormerForMaskedLM(config).save_pretrained(tmp_path / "mlm")
+    question_id = add_question_token(tokenizer)
+    model_args = ModelArguments(model_name_or_path=str(tmp_path / "mlm"))
+    model = build_rss_model(load_config(model_args), model_args, tokenizer, question_id)
+    assert isinstance(model, RoFormerForQuestionSpanSelection) and question_id == config.vocab_size
+    mlm = load_file(str(tmp_path / "mlm" / "model.safetensors"))
+    encoder = {key: value for key, value in model.state_dict().items() if key.startswith("roformer.")}
+    assert encoder.keys() <= mlm.keys() and len(encoder) > 10
+    for key, value in encoder.items():
+        if key == "roformer.embeddings.word_embeddings.weight":
+            assert value.shape[0] == len(tokenizer) and torch.equal(value[:question_id], mlm[key])
+        else:
+            assert torch.equal(value, mlm[key]), key
+    assert model.config.question_token_id == question_id and model.config.qa_head == "span_selection"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Distillation, then RSS (LittleBird, with Padding Insertion)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def teacher(wordpiece, tmp_path_factory) -> Path:
+    """A tiny RoFormer MLM with confident predictions over the tokenizer's vocabulary."""
+    torch.manual_seed(0)
+    config = RoFormerConfig(
+        vocab_size=len(AutoTokenizer.from_pretrained(wordpiece)), hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64, initializer_range=0.3,
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp("teacher")
+    RoFormerForMaskedLM(config).save_pretrained(folder)
+    return folder
+
+
+def chain_argv(contexts, wordpiece, teacher, output, steps=30, distill_steps=10):
+    return [
+        *rss_argv(contexts, output, "littlebird", steps), "--objective", "distill", "--tokenizer_name", str(wordpiece),
+        "--teacher_name_or_path", str(teacher), "--rss_after_distill_steps", str(distill_steps),
+        "--rss_padding_insertion", "--padding_insertion_max_length", "160", "--padding_insertion_mean_run_length", "4",
+    ]  # fmt: skip
+
+
+def test_distillation_then_rss_in_one_command(contexts, wordpiece, teacher, tmp_path):
+    output = tmp_path / "out"
+    metrics = run_pretrain.main([*chain_argv(contexts, wordpiece, teacher, output), "--eval_on_start"])
+    distilled = output / "distill"
+    assert AutoModelForMaskedLM.from_pretrained(distilled).config.model_type == "littlebird"
+    assert eval_history(distilled, "eval_loss")[0] > metrics["distill_eval_loss"]  # the distillation stage trained
+    assert json.loads((distilled / "trainer_state.json").read_text())["global_step"] == 10
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 20
+    start, end = eval_history(output, "eval_loss")[0], metrics["eval_loss"]
+    print(f"distill -> rss: held-out span loss {start:.3f} -> {end:.3f}")
+    assert end < start - 0.3 and "eval_exact_match" in metrics
+    model = LittleBirdForQuestionSpanSelection.from_pretrained(output)
+    student = load_file(str(distilled / "model.safetensors"))
+    layer = "littlebird.encoder.layer.0.output.dense.weight"
+    assert layer in student and not torch.equal(model.state_dict()[layer], student[layer])  # RSS trained it further
+    assert model.config.qa_head == "span_selection"
+    assert AutoTokenizer.from_pretrained(output).convert_tokens_to_ids(QUESTION_TOKEN) == len(student[
+        "littlebird.embeddings.word_embeddings.weight"])  # fmt: skip
+
+
+@pytest.mark.parametrize("stage", ["distill", "rss"])
+def test_the_chain_resumes_from_a_checkpoint_of_either_stage(stage, contexts, wordpiece, teacher, tmp_path):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    saving = ["--save_strategy", "steps", "--save_steps", "2"]
+    expected = run_pretrain.main([*chain_argv(contexts, wordpiece, teacher, whole, 8, 4), *saving])
+    if stage == "distill":  # stopped after 2 distillation steps
+        shutil.copytree(whole / "distill" / "checkpoint-2", resumed / "distill" / "checkpoint-2")
+    else:  # stopped after distillation and 2 RSS steps
+        shutil.copytree(whole / "distill", resumed / "distill")
+        shutil.copytree(whole / "checkpoint-2", resumed / "checkpoint-2")
+    metrics = run_pretrain.main(
+        [*chain_argv(contexts, wordpiece, teacher, resumed, 8, 4), *saving, "--resume_from_checkpoint", "True"]
+    )
+    assert_same_weights(whole / "distill", resumed / "distill")
+    assert_same_weights(whole, resumed)
+    for key in ("eval_loss", "eval_exact_match"):
+        assert metrics[key] == pytest.approx(expected[key], abs=1e-6), key
+    assert ("distill_eval_loss" in metrics) == (stage == "distill")  # a finished distillation is not run again
