@@ -394,3 +394,44 @@ def test_the_chain_resumes_from_a_checkpoint_of_either_stage(stage, contexts, wo
     for key in ("eval_loss", "eval_exact_match"):
         assert metrics[key] == pytest.approx(expected[key], abs=1e-6), key
     assert ("distill_eval_loss" in metrics) == (stage == "distill")  # a finished distillation is not run again
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def refusal(argv) -> str:
+    with pytest.raises(SystemExit) as refused:
+        run_pretrain.main(argv)
+    message = str(refused.value.code)
+    assert "\n" not in message.strip()
+    return message
+
+
+def test_bad_rss_input_is_refused_in_one_line(contexts, wordpiece, teacher, tmp_path):
+    tokenizer = ["--tokenizer_name", str(wordpiece)]
+    message = refusal([*rss_argv(contexts, tmp_path / "a"), *tokenizer, "--rss_padding_insertion"])
+    assert "--rss_padding_insertion is for LittleBird models, not posformers-roformer" in message
+
+    message = refusal([*rss_argv(contexts, tmp_path / "b"), *tokenizer, "--max_seq_length", "128"])
+    assert "--max_seq_length 128 exceeds the model's max_position_embeddings (64)" in message
+
+    distinct = tmp_path / "distinct.txt"
+    distinct.write_text("alpha beta gamma\ndelta epsilon\nzeta eta theta\n", encoding="utf-8")
+    argv = [*rss_argv(distinct, tmp_path / "c"), "--train_tokenizer", "wordpiece", "--tokenizer_vocab_size", "100"]
+    message = refusal([*argv, "--validation_split_percentage", "40"])
+    assert "no recurring span" in message and "training passage(s)" in message
+
+    message = refusal([*rss_argv(contexts, tmp_path / "d"), *tokenizer, "--rss_max_span_length", "0"])
+    assert "--rss_max_span_length must be >= 1, got 0" in message
+
+    message = refusal([*rss_argv(contexts, tmp_path / "e"), *tokenizer, "--rss_after_distill_steps", "5"])
+    assert "--rss_after_distill_steps follows --objective distill, not rss" in message
+
+    chain = chain_argv(contexts, wordpiece, teacher, tmp_path / "f", steps=10, distill_steps=10)
+    assert "must be below --max_steps (10)" in refusal(chain)
+
+    chain = chain_argv(contexts, wordpiece, teacher, tmp_path / "g", steps=10, distill_steps=4)
+    message = refusal([*chain, "--resume_from_checkpoint", "True"])
+    assert "no checkpoint-N folder" in message and "distill" in message
