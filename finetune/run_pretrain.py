@@ -11,12 +11,32 @@
     posformers-pretrain --objective distill --model_name_or_path <littlebird converted from bert> \
         --teacher_name_or_path <that bert> ...       # LittleBird: KL to the teacher with Padding Insertion
                                                       # (finetune/pretrain_distill.py); the output is the student
+    posformers-pretrain --objective rss --model_name_or_path <an MLM / distilled checkpoint> ...
+                                                      # Recurring Span Selection (finetune/pretrain_rss.py), any of
+                                                      # the three models; the output is an XForQuestionSpanSelection
+    posformers-pretrain --objective distill --rss_after_distill_steps 40000 --max_steps 50000 \
+        --rss_padding_insertion ...                   # LittleBird, the paper's recipe in one command: distillation
+                                                      # for 40k steps (into output_dir/distill), then RSS for 10k
+
+The LittleBird recipe, end to end: `posformers-convert littlebird --from bert` -> distillation with Padding Insertion
+-> RSS (with Padding Insertion) -> `posformers-qa --model_name_or_path <the RSS output>` (its config says
+qa_head="span_selection": QA fine-tunes the pre-trained span-selection head, with a [QUESTION] token after each
+question, as Splinter). RSS's reconstructed numbers, all options of RSSArguments and marked [recon] in
+finetune/pretrain_rss.py: spans of at most 10 tokens (`--rss_max_span_length`), at most 30 questions per passage
+(`--rss_max_questions`) and at most 15% of its tokens (`--rss_question_rate`); Padding Insertion's are the
+`--padding_insertion_*` options of distillation (finetune/pretrain_distill.py).
+
+`--rss_after_distill_steps N` splits --max_steps: the first N steps distil (checkpoints in output_dir/distill/,
+the distilled student saved there), the other max_steps - N train RSS from that student (checkpoints and the final
+model in output_dir; its steps count from 0). `--resume_from_checkpoint True` resumes the RSS stage when it has a
+checkpoint, else the distillation stage (a finished distillation is not run again); a checkpoint path resumes its own
+stage.
 
 Also `python -m posformers.finetune.run_pretrain` and `posformers.finetune.run_pretrain.main([...])`. Every
 `TrainingArguments` flag works (`--save_steps`, `--resume_from_checkpoint True`, `--eval_strategy steps`,
 `--eval_on_start`, `--push_to_hub`, `--bf16`, torchrun, ...). Data options: finetune/pretrain_data.py.
-`--padding_free auto|true|false` (default auto): flattened batches for mlm and rtd (the same masks and samples as
-padded ones); distill keeps its padded batches (finetune/padding_free.py).
+`--padding_free auto|true|false` (default auto): flattened batches for mlm, rtd and rss (the same masks and samples
+as padded ones); distill and rss with Padding Insertion keep their padded batches (finetune/padding_free.py).
 
 Without `--model_name_or_path` the model is new: its config comes from `--model_type` (+ `--config_overrides`) or
 `--config_name`, and its vocabulary size and special token ids from the tokenizer. `--train_tokenizer wordpiece|unigram`
@@ -26,12 +46,15 @@ checkpoint instead of training it again).
 Held-out metrics (eval_*): MLM `loss`, `perplexity` and `accuracy` over the selected tokens, masked the same way at
 every evaluation; for rtd the generator's `mlm_*` and the discriminator's `rtd_loss`, `rtd_accuracy` and the share of
 tokens replaced, next to `eval_loss` (mlm_loss + rtd_weight * rtd_loss); for distill `eval_loss` (the distillation
-loss) and `eval_accuracy_vs_teacher`.
+loss) and `eval_accuracy_vs_teacher`; for rss `eval_loss` (the span-selection loss) and `eval_exact_match` (the
+share of questions whose argmax start and end are both the answer's), on held-out passages masked the same way at
+every evaluation.
 
 Bad input stops the script before training with one line (exit status 1): missing or empty text files, a text column
-that is not there, an objective the model cannot train (rtd needs DeBERTa, distill LittleBird), a tokenizer larger
-than a pre-trained model's vocabulary, sequences longer than the model's position table, --streaming without
---max_steps.
+that is not there, an objective the model cannot train (rtd needs DeBERTa, distill LittleBird, Padding Insertion in
+rss LittleBird), a tokenizer larger than a pre-trained model's vocabulary, sequences longer than the model's position
+table, --streaming without --max_steps, rss on a corpus in which no passage has a recurring span,
+--rss_after_distill_steps not below --max_steps.
 """
 
 from __future__ import annotations

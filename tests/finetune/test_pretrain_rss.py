@@ -21,6 +21,7 @@ from posformers.finetune import run_pretrain
 from posformers.finetune.arguments import ModelArguments
 from posformers.finetune.errors import DataError
 from posformers.finetune.loading import load_config
+from posformers.finetune.padding_free import FlatteningCollator
 from posformers.finetune.pretrain_data import fix_masks, pack_batch, pack_corpus, train_tokenizer
 from posformers.finetune.pretrain_rss import (
     QUESTION_TOKEN,
@@ -233,6 +234,27 @@ def test_a_corpus_without_recurring_spans_is_refused(tokenizer):
     packed = pack_corpus(split, tokenizer, 16, word_starts=True)
     with pytest.raises(DataError, match=r"no recurring span .* in any of the 1 training passage\(s\)"):
         annotate_spans(packed, tokenizer, 10)
+
+
+def test_flattened_rss_batches_give_the_padded_batches_loss(tokenizer, passages):
+    """--padding_free auto flattens RSS batches (question and answer positions stay per sequence)."""
+    question_id = tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
+    features = [dict(example) for example in passages.select(range(6))]
+    padded = RecurringSpanCollator(tokenizer, question_id, seed=3)(features)
+    flat = FlatteningCollator(RecurringSpanCollator(tokenizer, question_id, seed=3))(features)
+    assert flat["input_ids"].shape[0] == 1 and flat["question_positions"].shape == padded["question_positions"].shape
+    torch.manual_seed(0)
+    config = RoFormerConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=128, question_token_id=question_id,
+    )  # fmt: skip
+    model = RoFormerForQuestionSpanSelection(config).eval()
+    with torch.no_grad():
+        expected, got = model(**padded), model(**flat)
+    torch.testing.assert_close(got.loss, expected.loss, rtol=0, atol=1e-5)
+    real = padded["attention_mask"][:, None, :].bool() & (padded["question_positions"] >= 0)[..., None]
+    width = padded["input_ids"].shape[1]
+    torch.testing.assert_close(got.start_logits[..., :width][real], expected.start_logits[real], rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
