@@ -1288,8 +1288,11 @@ def _check_span_selection(question_positions, start_positions, end_positions, re
     """question_positions (sequences, Q): a real token or -1; start/end_positions: given together, of the same shape,
     on real tokens wherever the question is asked. Values are not read while compiling."""
     rows, width = shape
-    named = {"question_positions": question_positions, "start_positions": start_positions}
-    named["end_positions"] = end_positions
+    named = {
+        "question_positions": question_positions,
+        "start_positions": start_positions,
+        "end_positions": end_positions,
+    }
     if (start_positions is None) != (end_positions is None):
         raise ValueError("start_positions and end_positions must be given together")
     for name, positions in named.items():
