@@ -370,18 +370,9 @@ class RSSPaddingInsertionCollator:
     RecurringSpanCollator only (no teacher inputs)."""
 
     def __init__(self, tokenizer, base_collator: RecurringSpanCollator, **insertion_options):
-        self.base_collator = base_collator
         self.insertion = PaddingInsertionCollator(
             tokenizer, base_collator=base_collator, position_keys=POSITION_KEYS, **insertion_options
         )
-
-    @property
-    def epoch(self) -> int:
-        return self.base_collator.epoch
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        self.base_collator.epoch = value
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         batch = self.insertion(features)
