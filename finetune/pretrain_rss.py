@@ -1,11 +1,11 @@
 """Recurring Span Selection pre-training (`--objective rss`): Splinter's objective (Ram et al. 2021), which the
 LittleBird paper uses after distillation, for RoFormer, DeBERTa and LittleBird.
 
-In each passage (a packed `[CLS] ... [SEP]` sequence), n-grams of whole words that occur at least twice are grouped;
-in each chosen group one occurrence (drawn at random) is kept as the answer and every other occurrence is replaced
-by ONE `[QUESTION]` token, so the sequence gets shorter. A question-aware span-selection head
-(`XForQuestionSpanSelection`, Splinter's QASS) learns to point each `[QUESTION]` at the first and last token of the
-kept occurrence.
+In each passage (a packed `[CLS] ... [SEP]` sequence of posformers-pretrain, which may join short documents; spans
+never cross a [SEP]), n-grams of whole words that occur at least twice are grouped; in each chosen group one
+occurrence (drawn at random) is kept as the answer and every other occurrence is replaced by ONE `[QUESTION]` token,
+so the sequence gets shorter. A question-aware span-selection head (`XForQuestionSpanSelection`, Splinter's QASS)
+learns to point each `[QUESTION]` at the first and last token of the kept occurrence.
 
     rss_args.check()
     question_id = add_question_token(tokenizer)           # "[QUESTION]", an additional special token
@@ -19,7 +19,8 @@ The recipe, Splinter's where it is known (its paper and pre-training code), [rec
 - A span is an n-gram of whole words of at most `rss_max_span_length` tokens (10 [recon: Splinter's
   --max_span_length]) that starts at a word start and ends at a word end, contains no special token and no
   punctuation word (a word without a letter or digit), and is not made of stopwords only (`STOPWORDS`, a short
-  English list [recon: posformers' own list of function words; Splinter uses NLTK's]). Single content words count.
+  English list [recon: posformers' own list of function words; Splinter's code has a longer, NLTK-like one]).
+  Single content words count.
 - Spans with the same token ids form a group when they occur at least twice. Groups are chosen greedily, longest
   first (ties: the earliest first occurrence), keeping only occurrences that overlap no occurrence already chosen;
   a group keeps its place only if two or more occurrences survive (Splinter's procedure).
