@@ -30,7 +30,7 @@ finetune/pretrain_rss.py: spans of at most 10 tokens (`--rss_max_span_length`), 
 the distilled student saved there), the other max_steps - N train RSS from that student (checkpoints and the final
 model in output_dir; its steps count from 0). `--resume_from_checkpoint True` resumes the RSS stage when it has a
 checkpoint, else the distillation stage (a finished distillation is not run again); a checkpoint path resumes its own
-stage.
+stage. `--push_to_hub` uploads the RSS model only.
 
 Also `python -m posformers.finetune.run_pretrain` and `posformers.finetune.run_pretrain.main([...])`. Every
 `TrainingArguments` flag works (`--save_steps`, `--resume_from_checkpoint True`, `--eval_strategy steps`,
@@ -440,6 +440,7 @@ def distill_then_rss(run: PretrainRun) -> dict[str, float]:
         distill_training = copy.deepcopy(training_args)
         distill_training.output_dir, distill_training.max_steps = str(distill_dir), steps
         distill_training.resume_from_checkpoint = distill_checkpoint
+        distill_training.push_to_hub = False  # the Hub gets the finished model, the RSS stage's
         checkpoint = prepare_output_dir(distill_training, run.run.overwrite_output_dir)
         logger.info("stage 1 of 2: distillation for %d steps into %s", steps, distill_dir)
         metrics = pretrain("distill", run._replace(training=distill_training), checkpoint)
