@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoTokenizer
 
 from posformers import LittleBirdForQuestionSpanSelection, RoFormerForQuestionSpanSelection
-from posformers.finetune import run_pretrain
+from posformers.finetune import run_pretrain, run_qa
 from posformers.finetune.arguments import ModelArguments
 from posformers.finetune.errors import DataError
 from posformers.finetune.loading import load_config
@@ -52,6 +52,7 @@ SUPER_BOWL_GROUPS = {
     "numerals": 2,  # three word pieces: "nu ##meral ##s", one whole word
     "50": 2,  # "Super Bowl 50", "Arabic numerals 50" ("50th" is another token)
 }
+DEMO_QA = Path(run_qa.__file__).resolve().parents[1] / "models" / "demo_data" / "qa"
 # Recurring but never a span: stopwords only, punctuation, a word piece, a part of a longer group.
 NOT_SPANS = ("the", "of the", "was", "in the", "as", ",", "(", ".", "football", "national", "bowl")
 
@@ -394,8 +395,19 @@ def test_distillation_then_rss_in_one_command(contexts, wordpiece, teacher, tmp_
     layer = "littlebird.encoder.layer.0.output.dense.weight"
     assert layer in student and not torch.equal(model.state_dict()[layer], student[layer])  # RSS trained it further
     assert model.config.qa_head == "span_selection"
-    assert AutoTokenizer.from_pretrained(output).convert_tokens_to_ids(QUESTION_TOKEN) == len(student[
-        "littlebird.embeddings.word_embeddings.weight"])  # fmt: skip
+    question_id = AutoTokenizer.from_pretrained(output).convert_tokens_to_ids(QUESTION_TOKEN)
+    assert question_id == len(student["littlebird.embeddings.word_embeddings.weight"])  # a new row
+
+    # posformers-qa fine-tunes the pre-trained span-selection head on long documents (the demo's 1,848-token article)
+    qa = run_qa.main(
+        ["--model_name_or_path", str(output), "--train_file", str(DEMO_QA / "train.json"), "--validation_file",
+         str(DEMO_QA / "train.json"), "--max_train_samples", "4", "--max_eval_samples", "2", "--do_train", "--do_eval",
+         "--max_steps", "2", "--per_device_train_batch_size", "2", "--output_dir", str(tmp_path / "qa"), *QUIET]
+    )  # fmt: skip
+    assert "eval_exact_match" in qa
+    pretrained, fine_tuned = (load_file(str(folder / "model.safetensors")) for folder in (output, tmp_path / "qa"))
+    assert pretrained.keys() == fine_tuned.keys()  # the same head, nothing new or dropped
+    assert json.loads((tmp_path / "qa" / "config.json").read_text())["qa_head"] == "span_selection"
 
 
 @pytest.mark.parametrize("stage", ["distill", "rss"])
