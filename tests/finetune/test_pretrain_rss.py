@@ -318,6 +318,13 @@ def assert_same_weights(folder, other, atol=1e-6):
         torch.testing.assert_close(before[key], after[key], rtol=0, atol=atol, msg=key)
 
 
+def test_rss_streams_a_corpus(contexts, wordpiece, tmp_path):
+    argv = [*rss_argv(contexts, tmp_path / "out", "littlebird", steps=6), "--tokenizer_name", str(wordpiece)]
+    metrics = run_pretrain.main([*argv, "--streaming", "--streaming_validation_lines", "20"])
+    assert 0 < metrics["eval_loss"] < 10 and 0 <= metrics["eval_exact_match"] <= 1
+    assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["global_step"] == 6
+
+
 def test_resumed_rss_run_ends_like_an_uninterrupted_one(contexts, tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     # a tokenizer trained by the run itself (reloaded from the checkpoint on resume), dropout on
