@@ -45,12 +45,24 @@ def block_at(lines: list[str], start: int) -> str:
     while lines[header].lstrip().startswith("@"):
         header += 1
     indent = len(lines[header]) - len(lines[header].lstrip())
-    end = header + 1
+    end = signature_end(lines, header)
     while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
         end += 1
     while not lines[end - 1].strip():
         end -= 1
     return "\n".join(lines[start:end])
+
+
+def signature_end(lines: list[str], header: int) -> int:
+    """The index of the line after the `def` / `class` statement at lines[header], which may span several lines: its
+    brackets must close (a multi-line signature ends in `) -> ...:` at the `def`'s own indent)."""
+    depth, end = 0, header
+    while True:
+        code = lines[end].split("#", 1)[0]
+        depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
+        end += 1
+        if depth <= 0 or end == len(lines):
+            return end
 
 
 def find_definition(text: str, qualified_name: str) -> str:
@@ -180,3 +192,20 @@ def test_a_marker_naming_a_missing_source_fails():
     ghost = Copy(copy.path, copy.line, copy.indent, "roformer.modeling_roformer.NoSuchPiece", None)
     with pytest.raises(LookupError, match="NoSuchPiece"):
         check_copy(ghost, copy.path.read_text())
+
+
+def test_a_multi_line_signature_keeps_its_body_in_the_check():
+    """A method whose signature spans lines (ending in `) -> ...:` at the def's indent) is compared body and all."""
+    lines = [
+        "class A:",
+        "    def forward(",
+        "        self,",
+        "        x,",
+        "    ) -> int:",
+        "        return x + 1",
+        "",
+        "    def other(self):",
+        "        pass",
+    ]
+    assert block_at(lines, 1).split("\n")[-1] == "        return x + 1"
+    assert block_at(["def f(a=(1, 2), b={'k': [3]}):", "    return a", "", "g = 1"], 0).endswith("return a")
