@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench install clean
+.PHONY: demo littlebird-recipe test lint bench install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m posformers.demo
+
+# BERT teacher -> posformers-convert littlebird -> distillation -> RSS -> long-document QA, held-out numbers in
+# demo_output/littlebird-recipe/summary.md (finetune/littlebird_recipe.py; about 10 minutes on two CPU cores)
+littlebird-recipe: $(STAMP)
+	$(BIN)/posformers-littlebird-recipe --output_dir demo_output/littlebird-recipe
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

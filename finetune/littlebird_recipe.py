@@ -59,7 +59,7 @@ SST2 = DEMO_DATA / "sst2"
 HELD_OUT_ARTICLES = ("Jacksonville,_Florida", "Intergovernmental_Panel_on_Climate_Change")
 MARKER = ".posformers-littlebird-recipe"
 STAGE_RECORD = "recipe_stage.json"
-STAGES = ("teacher", "convert", "distill", "qa")
+STAGES = ("teacher", "convert", "distill", "rss", "qa")
 QA_WINDOW = 4096
 QUIET = ["--report_to", "none", "--disable_tqdm", "True", "--save_strategy", "no"]
 
@@ -74,33 +74,45 @@ class RecipeSize:
     seq_length: int  # pre-training sequence length (the teacher's position table)
     batch_size: int
     teacher_steps: int
+    teacher_learning_rate: float
     block_size: int
     pack_length: int
     distill_steps: int
-    padding_insertion_max_length: int  # the student's longest length with Padding Insertion
+    distill_learning_rate: float
+    padding_insertion_max_length: int  # the student's longest length with Padding Insertion (distill and rss)
+    rss_seq_length: int  # RSS passages: SQuAD paragraphs packed into sequences of this length
+    rss_steps: int
+    rss_learning_rate: float
     qa_train_questions: int  # training questions, drawn in turn from every training article
     qa_eval_questions: int | None  # held-out questions scored (None: all of both held-out articles)
     qa_epochs: float
     qa_batch_size: int
+    qa_learning_rate: float
 
 
 RECIPE_SIZES = {
     "full": RecipeSize(
         teacher="hidden_size=128,num_hidden_layers=2,num_attention_heads=4,intermediate_size=512,"
-        "max_position_embeddings=128",
-        vocab_size=6000,
+        "max_position_embeddings=64",
+        vocab_size=4000,
         sst2_sentences=30000,
-        seq_length=128,
-        batch_size=32,
-        teacher_steps=400,
+        seq_length=64,
+        batch_size=16,
+        teacher_steps=1000,
+        teacher_learning_rate=2e-3,
         block_size=64,
         pack_length=16,
-        distill_steps=200,
-        padding_insertion_max_length=512,
-        qa_train_questions=400,
+        distill_steps=150,
+        distill_learning_rate=1e-3,
+        padding_insertion_max_length=256,
+        rss_seq_length=256,
+        rss_steps=150,
+        rss_learning_rate=1e-3,
+        qa_train_questions=300,
         qa_eval_questions=None,
         qa_epochs=1.0,
         qa_batch_size=4,
+        qa_learning_rate=1e-3,
     ),
     "toy": RecipeSize(
         teacher="hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,"
@@ -110,14 +122,20 @@ RECIPE_SIZES = {
         seq_length=64,
         batch_size=16,
         teacher_steps=8,
+        teacher_learning_rate=1e-3,
         block_size=16,
         pack_length=8,
         distill_steps=4,
+        distill_learning_rate=1e-3,
         padding_insertion_max_length=128,
+        rss_seq_length=64,
+        rss_steps=4,
+        rss_learning_rate=1e-3,
         qa_train_questions=8,
         qa_eval_questions=8,
         qa_epochs=1.0,
         qa_batch_size=4,
+        qa_learning_rate=1e-3,
     ),
 }
 
@@ -140,19 +158,26 @@ def sst2_sentences(split: str, count: int | None = None) -> list[str]:
     return [line.split("\t")[0].strip() for line in lines[:count] if line.strip()]
 
 
+def write_lines(path: Path, documents: list[str]) -> Path:
+    path.write_text("\n".join(" ".join(text.split()) for text in documents) + "\n", encoding="utf-8")
+    return path
+
+
 def write_pretraining_text(folder: Path, size: RecipeSize) -> dict[str, Path]:
-    """train.txt and valid.txt, one document per line: SQuAD paragraphs and SST-2 sentences, disjoint."""
+    """One document per line: train.txt / valid.txt (SQuAD paragraphs and SST-2 sentences) for MLM and distillation,
+    rss_train.txt / rss_valid.txt (the SQuAD paragraphs alone: recurring spans live in passages) for RSS."""
     train_articles, held_out = load_articles()
     paragraphs = {
         "train": [p["context"] for article in train_articles for p in article["paragraphs"]],
         "validation": [p["context"] for article in held_out for p in article["paragraphs"]],
     }
     sentences = {"train": sst2_sentences("train", size.sst2_sentences), "validation": sst2_sentences("dev")}
-    paths = {"train": folder / "train.txt", "validation": folder / "valid.txt"}
-    for split, path in paths.items():
-        documents = [" ".join(text.split()) for text in paragraphs[split] + sentences[split]]
-        path.write_text("\n".join(documents) + "\n", encoding="utf-8")
-    return paths
+    return {
+        "train": write_lines(folder / "train.txt", paragraphs["train"] + sentences["train"]),
+        "validation": write_lines(folder / "valid.txt", paragraphs["validation"] + sentences["validation"]),
+        "rss_train": write_lines(folder / "rss_train.txt", paragraphs["train"]),
+        "rss_validation": write_lines(folder / "rss_valid.txt", paragraphs["validation"]),
+    }
 
 
 def long_document(article: dict, tokenizer, window: int) -> dict:
@@ -221,6 +246,12 @@ def write_qa_files(folder: Path, tokenizer, size: RecipeSize) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def first_evaluation(output_dir: Path, key: str) -> float:
+    """`key` at the first evaluation of the run in `output_dir` (--eval_on_start: before any training step)."""
+    state = json.loads((output_dir / "trainer_state.json").read_text(encoding="utf-8"))
+    return next(entry[key] for entry in state["log_history"] if key in entry)
+
+
 class Recipe:
     """One run of the recipe in `output_dir`; each stage method returns its held-out metrics."""
 
@@ -242,10 +273,12 @@ class Recipe:
             "--max_seq_length", str(self.size.seq_length),
         ]  # fmt: skip
 
-    def training(self, steps: int, learning_rate: float, batch_size: int | None = None) -> list[str]:
-        batch = str(batch_size or self.size.batch_size)
+    def training(self, stage: str) -> list[str]:
+        """Training arguments of a pre-training stage: its steps and learning rate from the size preset."""
+        steps, rate = getattr(self.size, f"{stage}_steps"), getattr(self.size, f"{stage}_learning_rate")
+        batch = str(self.size.batch_size)
         return [
-            "--do_train", "--max_steps", str(steps), "--learning_rate", str(learning_rate),
+            "--do_train", "--max_steps", str(steps), "--learning_rate", str(rate),
             "--warmup_steps", str(max(1, steps // 10)), "--weight_decay", "0.01",
             "--per_device_train_batch_size", batch, "--per_device_eval_batch_size", batch,
             "--logging_steps", str(max(1, steps // 8)),
@@ -268,7 +301,7 @@ class Recipe:
             [
                 "--objective", "mlm", "--model_type", "bert", "--config_overrides", self.size.teacher,
                 "--train_tokenizer", "wordpiece", "--tokenizer_vocab_size", str(self.size.vocab_size),
-                *self.pretraining_data(), *self.training(self.size.teacher_steps, 1e-3), *self.common("teacher"),
+                *self.pretraining_data(), *self.training("teacher"), *self.common("teacher"),
             ]
         )  # fmt: skip
         return self.held_out_mlm(self.folder("teacher"))
@@ -292,25 +325,43 @@ class Recipe:
                 "--objective", "distill", "--model_name_or_path", str(self.folder("convert")),
                 "--teacher_name_or_path", str(self.folder("teacher")),
                 "--padding_insertion_max_length", str(self.size.padding_insertion_max_length),
-                *self.pretraining_data(), *self.training(self.size.distill_steps, 5e-4), "--do_eval",
+                *self.pretraining_data(), *self.training("distill"), "--do_eval", "--eval_on_start",
                 *self.common("distill"),
             ]
         )  # fmt: skip
         return {
+            "distill_loss_before": first_evaluation(self.folder("distill"), "eval_loss"),
             "distill_loss": metrics["eval_loss"],
             "accuracy_vs_teacher": metrics["eval_accuracy_vs_teacher"],
             **self.held_out_mlm(self.folder("distill")),
         }
 
+    def rss(self) -> dict:
+        metrics = run_pretrain.main(
+            [
+                "--objective", "rss", "--model_name_or_path", str(self.folder("distill")),
+                "--train_file", str(self.text["rss_train"]), "--validation_file", str(self.text["rss_validation"]),
+                "--max_seq_length", str(self.size.rss_seq_length), "--rss_padding_insertion",
+                "--padding_insertion_max_length", str(self.size.padding_insertion_max_length),
+                *self.training("rss"), "--do_eval", "--eval_on_start", *self.common("rss"),
+            ]
+        )  # fmt: skip
+        return {
+            "span_loss_before": first_evaluation(self.folder("rss"), "eval_loss"),
+            "span_loss": metrics["eval_loss"],
+            "exact_match": metrics["eval_exact_match"],
+        }
+
     def qa(self) -> dict:
-        source = self.folder(STAGES[STAGES.index("qa") - 1])
+        source = self.folder("rss")
         files = write_qa_files(self.data, AutoTokenizer.from_pretrained(source), self.size)
         metrics = run_qa.main(
             [
                 "--model_name_or_path", str(source),
                 "--train_file", files["train"]["path"], "--validation_file", files["eval"]["path"],
                 "--max_seq_length", str(QA_WINDOW),
-                "--do_train", "--do_eval", "--num_train_epochs", str(self.size.qa_epochs), "--learning_rate", "1e-3",
+                "--do_train", "--do_eval", "--num_train_epochs", str(self.size.qa_epochs),
+                "--learning_rate", str(self.size.qa_learning_rate),
                 "--warmup_steps", "10", "--per_device_train_batch_size", str(self.size.qa_batch_size),
                 "--per_device_eval_batch_size", str(self.size.qa_batch_size), "--logging_steps", "20",
                 *self.common("qa"),
@@ -344,8 +395,14 @@ ROWS = {
     "distill": (
         "distilled with Padding Insertion",
         HELD_OUT_TEXT,
-        "distillation loss {distill_loss:.3f}, top-1 agreement with the teacher {accuracy_vs_teacher:.1%}; "
+        "distillation loss {distill_loss_before:.3f} -> {distill_loss:.3f}, "
+        "top-1 agreement with the teacher {accuracy_vs_teacher:.1%}; "
         "MLM loss {mlm_loss:.3f}, accuracy {mlm_accuracy:.1%}",
+    ),
+    "rss": (
+        "Recurring Span Selection (Padding Insertion)",
+        "paragraphs of the held-out articles",
+        "span-selection loss {span_loss_before:.3f} -> {span_loss:.3f}, exact match {exact_match:.1%}",
     ),
     "qa": (
         "posformers-qa, whole articles",
