@@ -13,8 +13,9 @@ Dropped on purpose: the absolute position table (LittleBird has no absolute posi
 signal and there is no maximum length; RoBERTa's padding_idx offset of positions goes with it), the pooler and the
 next-sentence head (LittleBird's heads have neither), buffers, and the MLM decoder, which is tied to the word
 embeddings (checked equal first). New, initialised fresh as a LittleBird model initialises them: P0
-(`embeddings.pack_embeddings`), each layer's pack attention and its LayerNorm, and the BiALiBi slopes (alpha, beta,
-gamma at the ALiBi geometric slopes). They are listed in the output as "new".
+(`embeddings.pack_embeddings`, N(0, 1): at the tokens' scale, so the pack starts as s distinct slots), each layer's
+pack attention and its LayerNorm (all but the last layer, which computes no pack update), and the BiALiBi slopes
+(alpha, beta, gamma at the ALiBi geometric slopes). They are listed in the output as "new".
 
 Verification compares what can be compared before any training: the teacher's embedding output (transformers'
 BertModel / RobertaModel with its position table zeroed, i.e. minus the position embeddings) against LittleBird's, the
@@ -47,7 +48,9 @@ TEACHER_CONFIG_FIELDS = (*core.BERT_ENCODER_FIELDS, "pad_token_id")
 # Parameters LittleBird has and BERT/RoBERTa do not: initialised fresh (regexes over LittleBirdModel's names).
 NEW_PARAMETERS = {
     r"embeddings\.pack_embeddings": "P0 (embeddings.pack_embeddings)",
-    r"encoder\.layer\.\d+\.pack_attention\..+": "each layer's pack attention and its LayerNorm (pack_attention.*)",
+    r"encoder\.layer\.\d+\.pack_attention\..+": (
+        "each layer's pack attention and its LayerNorm, the last layer's without (pack_attention.*)"
+    ),
     r"encoder\.layer\.\d+\.attention\.self\.(?:alpha|beta|gamma)": "BiALiBi slopes (attention.self.alpha/beta/gamma)",
 }
 POSITION_REASON = (

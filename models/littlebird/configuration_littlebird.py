@@ -90,6 +90,24 @@ class LittleBirdConfig(PreTrainedConfig):
         bialibi_init (`str` or `float`, defaults to `"alibi"`): initial value of the BiALiBi slopes alpha, beta and
             gamma of each head. `"alibi"` gives head `h = 1..H` the ALiBi slope `2^(-8h/H)`; a non-negative number
             gives every head that value.
+        global_prefix_length (`int`, defaults to 1): the first `global_prefix_length` positions are distance-free
+            like [CLS]: between a prefix position and any position outside the prefix, as query or as key, the
+            BiALiBi bias is the constant alpha instead of beta or gamma times the distance; inside the prefix the
+            distances stay (so a question keeps its word order), and position 0 keeps alpha everywhere. 1 is the
+            paper's BiALiBi (only [CLS]); a larger value, up to `block_size` (the prefix must lie in block 0, the
+            block every query block attends), lets distant context see a leading question without a distance
+            penalty [choice: a posformers extension, off by default].
+
+    The pack states P0 (`embeddings.pack_embeddings`) start from N(0, 1) [choice: the paper does not say]: at the
+    scale of the token states (unit RMS after their LayerNorm), so that the s pack states enter layer 1 as s distinct
+    slots. At N(0, initializer_range), the initialisation of every other embedding, P0 enters layer 1 at RMS 0.02
+    against the tokens' 1.0, the pooled token context swamps it, and after layer 1 the s pack states are one state
+    (at base size on 2048 tokens of SQuAD text: mean pairwise cosine 0.992, effective rank 2.8 of 64; with N(0, 1)
+    0.05 and 61, see docs/littlebird.md and benchmarks/results/littlebird_pack.md).
+
+    The last layer computes no pack update P' (nothing reads it): its pack attention has no LayerNorm, so every
+    parameter gets a gradient and plain DDP (`find_unused_parameters=False`) works; the model's `pack_states` are the
+    pack states the last layer read.
         unpad_inputs (`str`, defaults to `"auto"`): padding-free execution of padded batches. `"auto"` runs the
             embeddings, projections, feed-forward blocks and LayerNorms on the real tokens only when the 2D
             attention_mask holds right padding (the attentions stay per example: blocks, BiALiBi, pack states), and
@@ -124,6 +142,7 @@ class LittleBirdConfig(PreTrainedConfig):
     block_size: int = 64
     pack_length: int = 64
     bialibi_init: str | float = "alibi"
+    global_prefix_length: int = 1
     unpad_inputs: str = "auto"
     tie_word_embeddings: bool = True
     is_decoder: bool = False
@@ -159,8 +178,14 @@ class LittleBirdConfig(PreTrainedConfig):
             "intermediate_size",
             "block_size",
             "pack_length",
+            "global_prefix_length",
         ):
             check_integer(self, name)
+        if self.global_prefix_length > self.block_size:
+            raise ValueError(
+                f"LittleBirdConfig.global_prefix_length ({self.global_prefix_length}) must be at most block_size "
+                f"({self.block_size}): the distance-free prefix must lie in block 0, which every query block attends"
+            )
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"LittleBirdConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "

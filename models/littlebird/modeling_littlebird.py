@@ -6,7 +6,8 @@ where the paper's text is cut off, [choice] a decision of posformers.
 One layer, post-LN [paper], with token states X (B, L, d) and pack states P (B, s, d):
 
     Cp = PackAttn(P, X)        queries P, keys/values X; padded keys masked          (B, s, d)
-    P' = LayerNorm(Cp + P)                                                           feeds the next layer
+    P' = LayerNorm(Cp + P)                                                           feeds the next layer (the
+                                                                                     last layer computes none)
     Cx = USWAttn(X, Cp)        unpack + sliding window, one joint softmax            (B, L, d)
     A  = LayerNorm(Cx + X)
     X' = LayerNorm(FFN(A) + A)
@@ -95,18 +96,22 @@ def window_key_blocks(real_blocks: torch.Tensor, num_blocks: int) -> torch.Tenso
     return torch.stack((torch.zeros_like(center), center - 1, center, center + 1), dim=-1)
 
 
-def bialibi_distances(query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+def bialibi_distances(
+    query_positions: torch.Tensor, key_positions: torch.Tensor, global_prefix_length: int = 1
+) -> torch.Tensor:
     """What each BiALiBi slope multiplies, for broadcastable integer positions i (queries) and j (keys).
 
-    Returns float32 (3, *shape) with channels [j - i if j > i, i - j if j < i, 1 if i == 0 or j == 0], all zero where
-    i == j; on a row or column of position 0 (the [CLS] token) the first two channels are zero, as alpha is a constant
-    there, not scaled by distance [paper].
+    Returns float32 (3, *shape) with channels [j - i if j > i, i - j if j < i, 1 if distance-free], all zero where
+    i == j. Distance-free pairs touch position 0 (the [CLS] token: alpha is a constant there, not scaled by distance
+    [paper]) or join a position of the global prefix (i or j < `global_prefix_length`) with one outside it [choice,
+    `LittleBirdConfig.global_prefix_length`; 1, the paper's rule, adds no pair]; their first two channels are zero.
     """
     offset = key_positions - query_positions
-    touches_cls = ((query_positions == 0) | (key_positions == 0)) & (offset != 0)
+    in_prefix = (query_positions < global_prefix_length) != (key_positions < global_prefix_length)
+    touches_cls = ((query_positions == 0) | (key_positions == 0) | in_prefix) & (offset != 0)
     after = offset.clamp_min(0).masked_fill(touches_cls, 0)
     before = (-offset).clamp_min(0).masked_fill(touches_cls, 0)
-    return torch.stack(torch.broadcast_tensors(after, before, touches_cls)).float()
+    return torch.stack(torch.broadcast_tensors(after, before, touches_cls.to(after.dtype))).float()
 
 
 def bialibi_coefficients(alpha: torch.Tensor, beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
@@ -115,6 +120,7 @@ def bialibi_coefficients(alpha: torch.Tensor, beta: torch.Tensor, gamma: torch.T
 
     The BiALiBi bias subtracted from the logits is `coefficients @ distances` (H, *shape):
     bias(i, j) = 0 if i == j;  alpha if i == 0 or j == 0;  beta (j - i) if j > i;  gamma (i - j) if j < i.
+    With a global prefix of g > 1 positions, also alpha if exactly one of i, j is < g.
     """
     return torch.stack((beta, gamma, alpha), dim=-1)
 
@@ -172,9 +178,10 @@ class BlockSparseLayout:
         pack_length: int,
         dtype: torch.dtype,
         device: torch.device,
+        global_prefix_length: int = 1,
     ) -> "BlockSparseLayout":
         """attention_mask: (B, L), 1 = real token, a real first token (right padding and inserted padding), or None
-        (every token real)."""
+        (every token real). global_prefix_length: positions distance-free like [CLS] (`bialibi_distances`)."""
         b, s = block_size, pack_length
         n, pack_blocks = math.ceil(seq_len / b), math.ceil(s / b)
         min_value = torch.finfo(dtype).min
@@ -193,7 +200,8 @@ class BlockSparseLayout:
         offsets = torch.arange(b, device=device)
         query_positions = (torch.arange(n, device=device)[:, None] * b + offsets)[None, :, :, None]  # (1, n, b, 1)
         key_positions = (key_blocks[..., None] * b + offsets).flatten(-2)[:, :, None, :]  # (B, n, 1, 4b)
-        window_distances = bialibi_distances(query_positions, key_positions).to(bias_dtype)  # (3, B, n, b, 4b)
+        window_distances = bialibi_distances(query_positions, key_positions, global_prefix_length)  # (3, B, n, b, 4b)
+        window_distances = window_distances.to(bias_dtype)
         pack_distances = torch.tensor([b / 2, b / 2, 0.0], device=device, dtype=bias_dtype)[:, None, None, None, None]
         pack_distances = pack_distances.expand(3, batch_size, n, b, pack_blocks * b)
         distances = torch.cat((pack_distances, window_distances), dim=-1)  # (3, B, n, b, w)
@@ -269,6 +277,116 @@ def _key_rows(packed: torch.Tensor, tokens: torch.Tensor, layout: BlockSparseLay
     return torch.cat(pieces, dim=1).view(-1, heads, head_dim)
 
 
+def attention_dropout_keep(shape, p: float, seed: int, chunk_index: int, device) -> torch.Tensor:
+    """The dropout of one chunk of USWAttn weights as a multiplier (shape, float32): 0 where dropped, 1 / (1 - p)
+    where kept. A function of (seed, chunk_index) alone, so the lean backward regenerates the forward's mask instead
+    of keeping it."""
+    generator = torch.Generator(device=device).manual_seed(seed + chunk_index)
+    keep = torch.rand(shape, generator=generator, device=device) >= p
+    return keep.float().div_(1 - p)
+
+
+class LeanUnpackSlidingWindow(torch.autograd.Function):
+    """USWAttn for training, flash-attention style: the forward runs chunk by chunk of query blocks and keeps only
+    q, the key and value rows, the context and each query's logsumexp; the backward recomputes every chunk's scores
+    from them. No (blocks, H, b, w) tensor outlives its chunk, so what a layer keeps for backward is O(L d), not the
+    O(L H w) of the explicit products (which SDPA cannot replace: it does not differentiate its mask, and the BiALiBi
+    slopes need gradients).
+
+    query: (B, n b, H, d_h), padded to whole blocks; key_rows, value_rows: (B (np + n) b, H, d_h) (`_key_rows`);
+    coefficients: (H, 4) (`bias_coefficients`), whose gradient `sum dS * bias_features` reaches alpha, beta, gamma.
+    Returns the context (B, n b, H, d_h). Attention dropout draws one seed from torch's global generator per call and
+    each chunk's mask from it (`attention_dropout_keep`).
+    """
+
+    @staticmethod
+    def forward(ctx, query, key_rows, value_rows, coefficients, layout, scaling, dropout, chunk):
+        batch, _, heads, head_dim = query.shape
+        b = layout.block_size
+        total_blocks = batch * layout.num_blocks
+        seed = int(torch.randint(2**62, ())) if dropout > 0 else 0
+        query_blocks = query.view(total_blocks, b, heads, head_dim).transpose(1, 2)  # (B n, H, b, d_h)
+        context = query.new_empty(query.shape)
+        context_blocks = context.view(total_blocks, b, heads, head_dim)
+        logsumexp = query.new_empty(total_blocks, heads, b, 1, dtype=torch.promote_types(query.dtype, torch.float32))
+        for chunk_index, start in enumerate(range(0, total_blocks, chunk)):
+            blocks = slice(start, min(start + chunk, total_blocks))
+            key_windows, value_windows = _window_rows(key_rows, value_rows, layout, blocks)
+            scores = _window_scores(query_blocks[blocks], key_windows, coefficients, layout, blocks, scaling)
+            logsumexp[blocks] = torch.logsumexp(scores, dim=-1, keepdim=True)
+            weights = torch.exp(scores - logsumexp[blocks])
+            if dropout > 0:
+                weights = weights * attention_dropout_keep(weights.shape, dropout, seed, chunk_index, query.device)
+            context_blocks[blocks] = torch.matmul(weights.to(query.dtype), value_windows).transpose(1, 2)
+        ctx.save_for_backward(query, key_rows, value_rows, coefficients, context, logsumexp)
+        ctx.layout, ctx.scaling, ctx.dropout, ctx.chunk, ctx.seed = layout, scaling, dropout, chunk, seed
+        return context
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_context):
+        query, key_rows, value_rows, coefficients, context, logsumexp = ctx.saved_tensors
+        layout, scaling, dropout, chunk = ctx.layout, ctx.scaling, ctx.dropout, ctx.chunk
+        batch, _, heads, head_dim = query.shape
+        b = layout.block_size
+        total_blocks = batch * layout.num_blocks
+
+        def blocked(tensor):  # (B, n b, H, d_h) -> (B n, H, b, d_h)
+            return tensor.reshape(total_blocks, b, heads, head_dim).transpose(1, 2)
+
+        query_blocks, context_blocks, grad_blocks = blocked(query), blocked(context), blocked(grad_context)
+        grad_query = torch.empty_like(query)
+        grad_query_blocks = grad_query.view(total_blocks, b, heads, head_dim)
+        grad_key_rows, grad_value_rows = torch.zeros_like(key_rows), torch.zeros_like(value_rows)
+        grad_coefficients = torch.zeros(heads, 4, dtype=layout.bias_features.dtype, device=query.device)
+        for chunk_index, start in enumerate(range(0, total_blocks, chunk)):
+            blocks = slice(start, min(start + chunk, total_blocks))
+            index = layout.key_index[blocks].flatten()
+            key_windows, value_windows = _window_rows(key_rows, value_rows, layout, blocks)
+            chunk_query, chunk_grad = query_blocks[blocks], grad_blocks[blocks]
+            scores = _window_scores(chunk_query, key_windows, coefficients, layout, blocks, scaling)
+            weights = torch.exp(scores - logsumexp[blocks])  # (blocks, H, b, w), float32 at least
+            grad_weights = torch.matmul(chunk_grad, value_windows.transpose(2, 3)).to(weights.dtype)
+            dropped = weights
+            if dropout > 0:
+                keep = attention_dropout_keep(weights.shape, dropout, ctx.seed, chunk_index, query.device)
+                dropped, grad_weights = weights * keep, grad_weights * keep
+            grad_value_windows = torch.matmul(
+                dropped.to(query.dtype).transpose(2, 3), chunk_grad
+            )  # (blocks, H, w, d_h)
+            # rowsum(dP * P) = rowsum(dO * O), with dropout too: O = (P * keep) V and dP = (dO V^T) * keep.
+            row_dot = (chunk_grad * context_blocks[blocks]).sum(-1, keepdim=True, dtype=weights.dtype)
+            grad_scores = weights * (grad_weights - row_dot)
+            grad_coefficients += torch.einsum(
+                "khj,kcj->hc", grad_scores.flatten(2).to(grad_coefficients.dtype), layout.bias_features[blocks]
+            )
+            grad_scores = grad_scores.to(query.dtype)
+            grad_query_blocks[blocks] = (torch.matmul(grad_scores, key_windows) * scaling).transpose(1, 2)
+            grad_key_windows = torch.matmul(grad_scores.transpose(2, 3), chunk_query) * scaling  # (blocks, H, w, d_h)
+            grad_key_rows.index_add_(0, index, grad_key_windows.transpose(1, 2).reshape(-1, heads, head_dim))
+            grad_value_rows.index_add_(0, index, grad_value_windows.transpose(1, 2).reshape(-1, heads, head_dim))
+        grad_coefficients = grad_coefficients.to(coefficients.dtype)
+        return grad_query, grad_key_rows, grad_value_rows, grad_coefficients, None, None, None, None
+
+
+def _window_rows(key_rows, value_rows, layout: BlockSparseLayout, blocks: slice):
+    """The keys and values the query blocks `blocks` attend: (B (np + n) b, H, d_h) rows -> (blocks, H, w, d_h)."""
+    index = layout.key_index[blocks].flatten()
+    shape = (index.shape[0] // layout.keys_per_block, layout.keys_per_block, *key_rows.shape[1:])
+    key_windows = key_rows.index_select(0, index).view(shape).transpose(1, 2)
+    value_windows = value_rows.index_select(0, index).view(shape).transpose(1, 2)
+    return key_windows, value_windows
+
+
+def _window_scores(query_blocks, key_windows, coefficients, layout: BlockSparseLayout, blocks: slice, scaling):
+    """Logits of the query blocks `blocks` (blocks, H, b, d_h) over their keys (blocks, H, w, d_h), the additive
+    bias included; in at least float32, as the softmax is computed (blocks, H, b, w)."""
+    num_blocks, heads, b, _ = query_blocks.shape
+    bias = torch.matmul(coefficients, layout.bias_features[blocks]).to(query_blocks.dtype)
+    scores = torch.matmul(query_blocks, key_windows.transpose(2, 3)) * scaling + bias.view(num_blocks, heads, b, -1)
+    return scores.to(torch.promote_types(scores.dtype, torch.float32))
+
+
 def unpack_sliding_window_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -291,42 +409,50 @@ def unpack_sliding_window_attention(
 
     logits = Q [K(Cp); K(X)]^T * scaling - bias, masked, then softmax [paper]. Query blocks are batched: each one's
     keys are gathered through `layout.key_index`, so the work is two batched matrix products over blocks, done in
-    chunks of query blocks (ATTENTION_CHUNK_ELEMENTS). Without gradients to the bias a chunk goes through SDPA (fused:
-    no (b, w) scores per block are kept); training and `need_weights` take the explicit products, as SDPA cannot
-    differentiate its mask.
+    chunks of query blocks (ATTENTION_CHUNK_ELEMENTS). Three paths compute the same function:
+    - without a graph to build, a chunk goes through SDPA (fused: no (b, w) scores per block are kept);
+    - training (a graph, no weights asked for) takes `LeanUnpackSlidingWindow`, which recomputes each chunk's scores
+      in backward instead of keeping them;
+    - need_weights takes the explicit products, all blocks in one chunk when building a graph.
     """
     batch, seq_len, heads, head_dim = query.shape
     b, n, w = layout.block_size, layout.num_blocks, layout.keys_per_block
     key_rows = _key_rows(pack_key, key, layout)
     value_rows = _key_rows(pack_value, value, layout)
     query = F.pad(query, (0, 0, 0, 0, 0, n * b - seq_len))
-    query_blocks = query.view(batch * n, b, heads, head_dim).transpose(1, 2)  # (B n, H, b, d_h)
     grad = torch.is_grad_enabled()
     slopes_need_grad = grad and any(t.requires_grad for t in (alpha, beta, gamma))
     building_graph = slopes_need_grad or (grad and any(t.requires_grad for t in (query, key_rows, value_rows)))
-    explicit = need_weights or slopes_need_grad
     coefficients = bias_coefficients(alpha, beta, gamma, layout)
+    chunk = max(1, ATTENTION_CHUNK_ELEMENTS // (heads * w * head_dim))
+    if building_graph and not need_weights:
+        context = LeanUnpackSlidingWindow.apply(
+            query, key_rows, value_rows, coefficients, layout, scaling, dropout, chunk
+        )
+        return context[:, :seq_len], None
 
+    query_blocks = query.view(batch * n, b, heads, head_dim).transpose(1, 2)  # (B n, H, b, d_h)
     # A graph keeps every chunk's tensors anyway, and the backward of each chunk's gather would fill and add a
     # gradient of all the keys: one chunk then.
-    chunk = batch * n if building_graph else max(1, ATTENTION_CHUNK_ELEMENTS // (heads * w * head_dim))
+    chunk = batch * n if building_graph else chunk
     contexts, all_weights = [], []
     for start in range(0, batch * n, chunk):
         blocks = slice(start, min(start + chunk, batch * n))
-        index = layout.key_index[blocks].flatten()
-        num_blocks = index.shape[0] // w
-        key_windows = key_rows.index_select(0, index).view(num_blocks, w, heads, head_dim).transpose(1, 2)
-        value_windows = value_rows.index_select(0, index).view(num_blocks, w, heads, head_dim).transpose(1, 2)
-        bias = torch.matmul(coefficients, layout.bias_features[blocks]).to(query.dtype).view(num_blocks, heads, b, w)
-        if explicit:
-            scores = torch.matmul(query_blocks[blocks], key_windows.transpose(2, 3)) * scaling + bias
-            weights = softmax_in_float(scores)
+        key_windows, value_windows = _window_rows(key_rows, value_rows, layout, blocks)
+        if need_weights:
+            scores = _window_scores(query_blocks[blocks], key_windows, coefficients, layout, blocks, scaling)
+            weights = F.softmax(scores, dim=-1).to(query.dtype)
             context = torch.matmul(F.dropout(weights, p=dropout, training=dropout > 0), value_windows)
-            if need_weights:
-                all_weights.append(weights)
+            all_weights.append(weights)
         else:
+            bias = torch.matmul(coefficients, layout.bias_features[blocks]).to(query.dtype)
             context = F.scaled_dot_product_attention(
-                query_blocks[blocks], key_windows, value_windows, attn_mask=bias, dropout_p=dropout, scale=scaling
+                query_blocks[blocks],
+                key_windows,
+                value_windows,
+                attn_mask=bias.view(-1, heads, b, w),
+                dropout_p=dropout,
+                scale=scaling,
             )
         contexts.append(context.transpose(1, 2))  # (blocks, b, H, d_h)
     context = torch.cat(contexts).view(batch, n * b, heads, head_dim)[:, :seq_len]
@@ -650,7 +776,9 @@ class PackedLayout:
     layouts: dict[int, tuple[torch.Tensor, BlockSparseLayout]]
 
     @classmethod
-    def build(cls, packing: PackedBatch, block_size: int, pack_length: int, dtype, device) -> "PackedLayout":
+    def build(
+        cls, packing: PackedBatch, block_size: int, pack_length: int, dtype, device, global_prefix_length: int = 1
+    ) -> "PackedLayout":
         layouts = {}
         starts = packing.cu_seqlens.long()
         for group in packing.groups(block_size):
@@ -659,7 +787,14 @@ class PackedLayout:
             first_tokens = group.gather.view(group.rows, group.width)[:, 0].contiguous()
             rows = torch.searchsorted(starts, first_tokens, right=True) - 1
             layout = BlockSparseLayout.build(
-                group.key_mask, group.rows, group.width, block_size, pack_length, dtype=dtype, device=device
+                group.key_mask,
+                group.rows,
+                group.width,
+                block_size,
+                pack_length,
+                dtype=dtype,
+                device=device,
+                global_prefix_length=global_prefix_length,
             )
             layouts[id(group)] = (rows, layout)
         return cls(packing=packing, block_size=block_size, layouts=layouts)
@@ -704,9 +839,13 @@ class LittleBirdEmbeddings(nn.Module):
 class LittleBirdPackAttention(nn.Module):
     """PackAttn: multi-head attention of the pack states over the tokens, with its own Q/K/V/O [choice], no position
     bias, padded keys masked (the pack states never are). Returns Cp (before the residual, as USWAttn reads it) and
-    P' = LayerNorm(Cp + P)."""
+    P' = LayerNorm(Cp + P).
 
-    def __init__(self, config: LittleBirdConfig):
+    The last layer's P' would feed nothing, so that layer has no update (`updates_pack=False`): no LayerNorm, whose
+    parameters would get no gradient (plain DDP refuses such parameters), and P passes through unchanged [choice].
+    """
+
+    def __init__(self, config: LittleBirdConfig, updates_pack: bool = True):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
@@ -716,7 +855,7 @@ class LittleBirdPackAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if updates_pack else None
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, pack_states, hidden_states, key_mask, output_attentions=False, **kwargs):
@@ -751,7 +890,9 @@ class LittleBirdPackAttention(nn.Module):
         return self.dense(context.transpose(1, 2).reshape(batch, pack_length, -1)), weights
 
     def update(self, pack_context, pack_states):
-        """P' = LayerNorm(Cp + P), the next layer's pack states."""
+        """P' = LayerNorm(Cp + P), the next layer's pack states; P itself in the last layer, which has no update."""
+        if self.LayerNorm is None:
+            return pack_states
         return self.LayerNorm(self.dropout(pack_context) + pack_states)
 
 
@@ -873,9 +1014,9 @@ FEED_FORWARD_CHUNK_ELEMENTS = 2**22
 class LittleBirdLayer(GradientCheckpointingLayer):
     """Pack attention, then unpack + sliding-window attention, then the feed-forward block; post-LN [paper]."""
 
-    def __init__(self, config: LittleBirdConfig):
+    def __init__(self, config: LittleBirdConfig, updates_pack: bool = True):
         super().__init__()
-        self.pack_attention = LittleBirdPackAttention(config)
+        self.pack_attention = LittleBirdPackAttention(config, updates_pack)
         self.attention = LittleBirdAttention(config)
         self.intermediate = LittleBirdIntermediate(config)
         self.output = LittleBirdOutput(config)
@@ -949,9 +1090,11 @@ class LittleBirdModelOutput(BaseModelOutput):
     attentions (`tuple(torch.FloatTensor)`, *optional*): per layer, the unpack + sliding-window weights in the blocked
         layout, `(batch, heads, num_blocks, block_size, keys_per_block)`: keys are `ceil(pack_length / block_size)`
         pack blocks (unpacked keys, then padding), then the 4 window blocks of `window_key_blocks`.
-    pack_states (`torch.FloatTensor` of shape `(batch_size, pack_length, hidden_size)`): the final pack states P' (not
-        used by the heads).
-    pack_hidden_states (`tuple(torch.FloatTensor)`, *optional*): P0 and the pack states after each layer.
+    pack_states (`torch.FloatTensor` of shape `(batch_size, pack_length, hidden_size)`): the final pack states, those
+        the last layer reads (P' of the layer before it; P0 in a one-layer model): the last layer computes no update,
+        which nothing would read (not used by the heads).
+    pack_hidden_states (`tuple(torch.FloatTensor)`, *optional*): P0 and the pack states after each layer; the last
+        layer's repeat the ones before it.
     pack_attentions (`tuple(torch.FloatTensor)`, *optional*): per layer, the pack attention weights,
         `(batch, heads, pack_length, sequence_length)`.
     """
@@ -965,7 +1108,10 @@ class LittleBirdEncoder(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
         self.config = config
-        self.layer = nn.ModuleList([LittleBirdLayer(config) for _ in range(config.num_hidden_layers)])
+        last = config.num_hidden_layers - 1
+        self.layer = nn.ModuleList(
+            [LittleBirdLayer(config, updates_pack=index < last) for index in range(config.num_hidden_layers)]
+        )
 
     def forward(
         self, hidden_states, pack_states, layout, output_attentions=False, output_hidden_states=False, **kwargs
@@ -1008,12 +1154,17 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
     # Flattened batches (transformers' DataCollatorWithFlattening) run as they are: the attention is per sequence in
     # every packed pass, so each flattened sequence gets its own blocks, BiALiBi positions and pack states.
     accepts_flattened_batches = True
+    # Checkpoints saved before the last layer lost its pack LayerNorm (its output fed nothing) hold that LayerNorm:
+    # loading ignores it. Every other layer still has one, so only the last layer's can be unexpected.
+    _keys_to_ignore_on_load_unexpected = [r"encoder\.layer\.\d+\.pack_attention\.LayerNorm\.(weight|bias)$"]
 
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, LittleBirdEmbeddings):
-            init.normal_(module.pack_embeddings, mean=0.0, std=self.config.initializer_range)
+            # P0 at the tokens' scale (unit RMS): at initializer_range it is swamped by the pooled tokens and the s
+            # pack states collapse into one after layer 1 [choice: not in the paper; docs/littlebird.md, "P0"].
+            init.normal_(module.pack_embeddings, mean=0.0, std=1.0)
         elif isinstance(module, LittleBirdSelfAttention):
             slopes = initial_slopes(self.config).to(module.alpha.device)
             for slope in (module.alpha, module.beta, module.gamma):
@@ -1169,10 +1320,16 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
                 config.pack_length,
                 dtype=hidden_states.dtype,
                 device=hidden_states.device,
+                global_prefix_length=config.global_prefix_length,
             )
         else:
             layout = PackedLayout.build(
-                packing, config.block_size, config.pack_length, dtype=hidden_states.dtype, device=hidden_states.device
+                packing,
+                config.block_size,
+                config.pack_length,
+                dtype=hidden_states.dtype,
+                device=hidden_states.device,
+                global_prefix_length=config.global_prefix_length,
             )
         pack_states = self.embeddings.pack_embeddings.expand(packing.rows if packing else shape[0], -1, -1)
         output = self.encoder(

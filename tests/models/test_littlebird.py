@@ -87,12 +87,14 @@ def reference_key_blocks(query_block: int, real_blocks: int) -> set[int]:
     return {0, q - 1, q, q + 1}
 
 
-def reference_bialibi(i, j, alpha, beta, gamma):
-    """The formula of the design note for positions i (Lq, 1) and j (1, Lk) -> (H, Lq, Lk)."""
+def reference_bialibi(i, j, alpha, beta, gamma, global_prefix_length=1):
+    """The formula of the design note for positions i (Lq, 1) and j (1, Lk) -> (H, Lq, Lk); with a global prefix of g
+    positions, a pair with exactly one position below g is distance-free (alpha) too."""
     i, j = i.double(), j.double()
     alpha, beta, gamma = (slope.double()[:, None, None] for slope in (alpha, beta, gamma))
     bias = torch.where(j > i, beta * (j - i), gamma * (i - j))
     bias = torch.where((i == 0) | (j == 0), alpha, bias)
+    bias = torch.where((i < global_prefix_length) != (j < global_prefix_length), alpha, bias)
     return torch.where(i == j, torch.zeros_like(bias), bias)
 
 
@@ -106,7 +108,9 @@ def reference_pattern(seq_len: int, length: int, block_size: int) -> torch.Tenso
     return allowed
 
 
-def dense_attention(query, key, value, pack_key, pack_value, alpha, beta, gamma, lengths, block_size):
+def dense_attention(
+    query, key, value, pack_key, pack_value, alpha, beta, gamma, lengths, block_size, global_prefix_length=1
+):
     """Full scores over [s unpacked keys; L tokens], the pattern as a mask, the biases, one softmax.
 
     query/key/value: (B, L, H, d_h); pack_key/pack_value: (B, s, H, d_h) -> context (B, L, H, d_h) and weights
@@ -115,7 +119,7 @@ def dense_attention(query, key, value, pack_key, pack_value, alpha, beta, gamma,
     batch, seq_len, heads, head_dim = query.shape
     pack_length = pack_key.shape[1]
     positions = torch.arange(seq_len)
-    token_bias = reference_bialibi(positions[:, None], positions[None, :], alpha, beta, gamma)
+    token_bias = reference_bialibi(positions[:, None], positions[None, :], alpha, beta, gamma, global_prefix_length)
     pack_bias = ((beta.double() + gamma.double()) / 2 * block_size)[:, None, None].expand(heads, seq_len, pack_length)
     bias = torch.cat((pack_bias, token_bias), dim=-1).to(query.dtype)
     contexts, all_weights = [], []
@@ -226,9 +230,51 @@ def test_block_sparse_attention_matches_dense_reference(
         assert (dense - expected_weights).transpose(1, 2)[real].abs().max().item() <= TOL
 
 
-def test_model_matches_model_with_dense_attention(monkeypatch):
+@pytest.mark.parametrize("global_prefix_length", [1, 3])
+@pytest.mark.parametrize("block_size", [4, 8])
+@pytest.mark.parametrize("path", ["sdpa", "grad"])
+def test_global_prefix_matches_dense_reference(path, block_size, global_prefix_length):
+    """`global_prefix_length` in the layout's bias features against the formula in the dense reference."""
+    seq_len, lengths = 37, [37, 30, 11, 2]
+    (query, key, value, pack_key, pack_value), slopes, attention_mask = attention_inputs(seq_len, lengths, 5)
+    layout = BlockSparseLayout.build(
+        attention_mask, 4, seq_len, block_size, 5, torch.float32, torch.device("cpu"), global_prefix_length
+    )
+    slopes = [slope.requires_grad_(path == "grad") for slope in slopes]
+    context, _ = unpack_sliding_window_attention(query, key, value, pack_key, pack_value, *slopes, layout, 8**-0.5)
+    expected, _ = dense_attention(
+        query, key, value, pack_key, pack_value, *(slope.detach() for slope in slopes), torch.tensor(lengths),
+        block_size, global_prefix_length,
+    )  # fmt: skip
+    real = attention_mask.bool()
+    assert (context - expected)[real].abs().max().item() <= TOL
+    if global_prefix_length > 1:  # the prefix changes the outputs: the reference is not checking nothing
+        paper, _ = dense_attention(
+            query, key, value, pack_key, pack_value, *(slope.detach() for slope in slopes), torch.tensor(lengths),
+            block_size,
+        )  # fmt: skip
+        assert (paper - expected)[real].abs().max().item() > 1e-3
+
+
+def test_global_prefix_follows_the_formula():
+    alpha, beta, gamma = torch.tensor([0.3, 1.5]), torch.tensor([0.5, 0.25]), torch.tensor([0.7, 2.0])
+    positions = torch.arange(9)
+    bias = bialibi_bias(bialibi_distances(positions[:, None], positions[None, :], 3), alpha, beta, gamma)
+    for h in range(2):
+        assert bias[h, 8, 2] == alpha[h] and bias[h, 2, 8] == alpha[h]  # the prefix, as key and as query
+        assert bias[h, 1, 2] == pytest.approx(beta[h].item())  # inside the prefix: distances (word order) stay
+        assert bias[h, 2, 1] == pytest.approx(gamma[h].item()) and bias[h, 2, 0] == alpha[h]
+        assert bias[h, 5, 3] == pytest.approx(2 * gamma[h].item())  # outside: as before
+        assert bias[h, 2, 2] == 0
+    torch.testing.assert_close(
+        bias.double(), reference_bialibi(positions[:, None], positions[None, :], alpha, beta, gamma, 3)
+    )
+
+
+@pytest.mark.parametrize("global_prefix_length", [1, 4])
+def test_model_matches_model_with_dense_attention(monkeypatch, global_prefix_length):
     """The whole model (K(Cp), V(Cp), masks, internal padding) with the dense reference in place of the kernel."""
-    model = tiny_model(LittleBirdModel, pack_length=5)
+    model = tiny_model(LittleBirdModel, pack_length=5, global_prefix_length=global_prefix_length)
     lengths = [27, 19, 6, 2]
     input_ids, attention_mask, token_type_ids = right_padded_batch(lengths, 27)
     with torch.no_grad():
@@ -236,8 +282,9 @@ def test_model_matches_model_with_dense_attention(monkeypatch):
 
     def dense_kernel(query, key, value, pack_key, pack_value, alpha, beta, gamma, layout, **kwargs):
         context, _ = dense_attention(
-            query, key, value, pack_key, pack_value, alpha, beta, gamma, torch.tensor(lengths), layout.block_size
-        )
+            query, key, value, pack_key, pack_value, alpha, beta, gamma, torch.tensor(lengths), layout.block_size,
+            global_prefix_length,
+        )  # fmt: skip
         return context, None
 
     monkeypatch.setattr(modeling_littlebird, "unpack_sliding_window_attention", dense_kernel)
@@ -406,6 +453,32 @@ def test_feed_forward_in_chunks_of_tokens_gives_the_same_outputs():
     assert (whole - chunked).abs().max().item() <= 1e-6
 
 
+def test_global_prefix_gives_the_same_outputs_padded_and_padding_free():
+    model = tiny_model(LittleBirdModel, pack_length=5, global_prefix_length=3)
+    input_ids, attention_mask, token_type_ids = right_padded_batch([27, 19, 6, 2], 27)
+    outputs = {}
+    for mode in ("never", "always"):
+        model.config.unpad_inputs = mode
+        with torch.no_grad():
+            outputs[mode] = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+    assert outputs["always"].packing is not None and outputs["never"].packing is None
+    expected, actual = outputs["never"], outputs["always"]
+    assert max_diff(actual.last_hidden_state, expected.last_hidden_state, attention_mask) <= TOL
+    assert (actual.pack_states - expected.pack_states).abs().max().item() <= TOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("unpad_inputs", ["never", "always"], ids=["padded", "padding-free"])
+def test_torch_compile_matches_eager(unpad_inputs):
+    model = tiny_model(LittleBirdForMaskedLM, unpad_inputs=unpad_inputs)
+    input_ids, attention_mask, token_type_ids = right_padded_batch([17, 11, 5], 17)
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        expected = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+        actual = compiled(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+    assert max_diff(expected, actual, attention_mask) <= 1e-5
+
+
 def test_forward_is_deterministic():
     input_ids, attention_mask, _ = right_padded_batch([30, 11], 30)
     model = tiny_model(LittleBirdForQuestionAnswering)
@@ -431,10 +504,8 @@ def test_gradients_reach_slopes_and_pack_embeddings():
     for layer in model.littlebird.encoder.layer:
         for slope in (layer.attention.self.alpha, layer.attention.self.beta, layer.attention.self.gamma):
             assert slope.grad is not None and (slope.grad != 0).all()
-    # The final P' is an output that no head reads [design note], so only its LayerNorm gets no gradient.
-    last_pack_norm = f"littlebird.encoder.layer.{len(model.littlebird.encoder.layer) - 1}.pack_attention.LayerNorm."
-    without_grad = {name for name, parameter in model.named_parameters() if parameter.grad is None}
-    assert without_grad == {last_pack_norm + "weight", last_pack_norm + "bias"}
+    # The last layer computes no P' (nothing would read it), so every parameter gets a gradient (plain DDP needs it).
+    assert [name for name, parameter in model.named_parameters() if parameter.grad is None] == []
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
@@ -611,6 +682,8 @@ def test_defaults_are_littlebird_base_and_presets_take_overrides():
         ({"hidden_act": "swishy"}, "hidden_act must be one of"),
         ({"bialibi_init": "uniform"}, "bialibi_init must be one of"),
         ({"bialibi_init": -1.0}, "bialibi_init must be one of"),
+        ({"global_prefix_length": 0}, "LittleBirdConfig.global_prefix_length must be a positive integer"),
+        ({"global_prefix_length": 5}, r"LittleBirdConfig.global_prefix_length \(5\) must be at most block_size \(4\)"),
         ({"is_decoder": True}, "bidirectional encoder"),
         ({"add_cross_attention": True}, "bidirectional encoder"),
     ],
