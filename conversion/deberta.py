@@ -72,6 +72,7 @@ from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -366,15 +367,58 @@ def load_tokenizer(source_dir: Path, vocab: str | None, version: str):
 
 
 def _sentencepiece_tokenizer(location: Path, explicit: bool):
-    from transformers import AutoTokenizer, DebertaV2Tokenizer
+    from transformers import AutoTokenizer
 
     if location.is_file():
-        return DebertaV2Tokenizer(vocab_file=str(location))
+        return spm_unigram_tokenizer(location)
+    if (location / "spm.model").is_file():
+        return spm_unigram_tokenizer(location / "spm.model", _tokenizer_options(location))
     if (location / "tokenizer_config.json").is_file() or (location / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(location)
-    if (location / "spm.model").is_file():
-        return DebertaV2Tokenizer(vocab_file=str(location / "spm.model"))
     return core.no_tokenizer(location, "spm.model", explicit)
+
+
+def _tokenizer_options(folder: Path) -> dict:
+    """`do_lower_case` / `split_by_punct` of a Hub folder's tokenizer_config.json (the v2/v3 tokenizer's options)."""
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    return {key: bool(config.get(key, False)) for key in ("do_lower_case", "split_by_punct")}
+
+
+def spm_unigram_tokenizer(spm_file: Path, options: dict | None = None):
+    """The v2/v3 `spm.model` as a `tokenizers` Unigram (tokenizer.json), built once here so that the output loads
+    with AutoTokenizer where sentencepiece is not installed.
+
+    transformers' own `DebertaV2Converter` builds it: the pieces and scores, the model's precompiled normalization map
+    (NFKC for Microsoft's models), whitespace handling and `[CLS] A [SEP] B [SEP]`; its ids equal sentencepiece's. The
+    tokenizer is saved as a plain `PreTrainedTokenizerFast`, since transformers 5's `DebertaV2Tokenizer` rebuilds the
+    normalizer on load without that map (it gives other ids on text NFKC changes: "ﬁ", full-width letters)."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import DebertaV2Converter, import_protobuf
+
+    options = {"do_lower_case": False, "split_by_punct": False, **(options or {})}
+    proto = import_protobuf().ModelProto()
+    proto.ParseFromString(spm_file.read_bytes())
+    vocab = {piece.piece: index for index, piece in enumerate(proto.pieces)}
+    special = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]"}
+    special["mask_token"] = "[MASK]"
+    missing = [token for token in special.values() if token not in vocab]
+    if missing:
+        raise ConversionError(f"{spm_file}: no {', '.join(missing)} piece (not a DeBERTa SentencePiece model)")
+    spm_tokenizer = SimpleNamespace(
+        vocab_file=str(spm_file), add_prefix_space=True, convert_tokens_to_ids=vocab.__getitem__, **options
+    )
+    backend = DebertaV2Converter(spm_tokenizer).converted()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        **special,
+        bos_token="[CLS]",
+        eos_token="[SEP]",
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
+    tokenizer.init_kwargs.update(options)
+    log(f"tokenizer: {spm_file.name} as a tokenizers Unigram ({len(vocab)} pieces)")
+    return tokenizer
 
 
 def _bpe_tokenizer(location: Path, explicit: bool):

@@ -455,7 +455,14 @@ def is_word_level(vocab: list[str]) -> bool:
 
 def build_tokenizer(vocab_file: Path, config):
     """A tokenizer for `vocab_file`: transformers' RoFormerTokenizer (jieba words) for a word vocab, else a WordPiece
-    BertTokenizer."""
+    BertTokenizer. Both save a tokenizer.json.
+
+    jieba cannot be written into a tokenizer.json: RoFormerTokenizer saves a plain BERT pre-tokenizer there, and its
+    own normalizer leaves Chinese unsplit (jieba splits it), so the file read without rjieba would turn each run of
+    Chinese into one [UNK]. The saved normalizer splits Chinese characters instead, as BERT's does: read alone, the
+    file gives jieba's ids except that each multi-character word becomes its characters. transformers'
+    RoFormerTokenizer (AutoTokenizer with rjieba) rebuilds its own normalizer and pre-tokenizer on load, so jieba
+    words come back there."""
     # split on "\n" only: str.splitlines would also split tokens that are other line-break characters
     vocab = _read_text(vocab_file, "--vocab").rstrip("\n").split("\n")
     import transformers
@@ -474,6 +481,12 @@ def build_tokenizer(vocab_file: Path, config):
     with tempfile.TemporaryDirectory() as folder:
         shutil.copyfile(vocab_file, Path(folder) / "vocab.txt")
         tokenizer = tokenizer_class.from_pretrained(folder, do_lower_case=True)
+    if tokenizer_class is transformers.RoFormerTokenizer:
+        from tokenizers.normalizers import BertNormalizer
+
+        tokenizer.backend_tokenizer.normalizer = BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
+        )
     tokenizer.model_max_length = config.max_position_embeddings
     if len(tokenizer) != config.vocab_size:
         log(f"note: the vocab has {len(tokenizer)} tokens and the model {config.vocab_size} embeddings")
