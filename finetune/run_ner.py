@@ -108,14 +108,24 @@ def load_splits(data_args: NerDataArguments, training_args, skip_bad: bool, cach
         splits, declared = read_hub(data_args.dataset_name, data_args.dataset_config_name, data_args.columns, cache_dir)
     else:
         raise DataError("no data: give --train_file / --validation_file / --test_file or --dataset_name")
+    require_splits(splits, training_args)
+    return limit_splits(splits, data_args), declared
+
+
+def require_splits(splits: dict, training_args) -> None:
+    """Each stage asked for (--do_train, --do_eval, --do_predict) needs its split."""
     for split, flag in SPLIT_FLAGS.items():
         if getattr(training_args, flag) and split not in splits:
             raise DataError(f"--{flag} needs a {split} split (have: {', '.join(splits)})")
+
+
+def limit_splits(splits: dict, data_args) -> dict:
+    """The first --max_train_samples / --max_eval_samples / --max_predict_samples examples of each split."""
     for split, limit in SAMPLE_LIMITS.items():
         count = getattr(data_args, limit)
         if split in splits and count is not None:
             splits[split] = splits[split][:count]
-    return splits, declared
+    return splits
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -355,7 +365,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     )
 
 
-def data_file_names(data_args: NerDataArguments) -> str | None:
+def data_file_names(data_args) -> str | None:
+    """'train.txt, valid.txt': the data files of a run, for its model card."""
     names = [Path(name).name for name in (data_args.train_file, data_args.validation_file, data_args.test_file) if name]
     return ", ".join(names) or None
 
