@@ -757,10 +757,10 @@ class DisentangledSelfAttention(nn.Module):
         """(..., L, H * D) -> (..., H, L, D)."""
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-2, -3)
 
-    def _fused_weights(self, part: int) -> torch.Tensor:
-        """Rows of `in_proj` for part 0 (query), 1 (key) or 2 (value), in head order: (H * D, hidden)."""
-        weight = self.in_proj.weight.view(self.num_heads, 3, self.head_dim, -1)
-        return weight[:, part].reshape(self.num_heads * self.head_dim, -1)
+    def _fused_parts(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`in_proj(states)` split into query, key and value (v1 interleaves them per head), each (..., H, L, D)."""
+        qkv = self.in_proj(states).unflatten(-1, (self.num_heads, 3, self.head_dim))
+        return tuple(part.transpose(-2, -3) for part in qkv.unbind(-2))
 
     def project_content(self, hidden_states: torch.Tensor, query_states: torch.Tensor | None):
         """Queries from `query_states` (default: `hidden_states`), keys and values from `hidden_states`.
@@ -770,13 +770,9 @@ class DisentangledSelfAttention(nn.Module):
         if not self.fused:
             query = self._heads(self.query_proj(hidden_states if query_states is None else query_states))
             return query, self._heads(self.key_proj(hidden_states)), self._heads(self.value_proj(hidden_states))
-        if query_states is None:
-            qkv = F.linear(hidden_states, self.in_proj.weight).unflatten(-1, (self.num_heads, 3, self.head_dim))
-            query, key, value = (part.transpose(1, 2) for part in qkv.unbind(-2))  # (B, H, L, D) each
-        else:
-            query = self._heads(F.linear(query_states, self._fused_weights(0)))
-            key = self._heads(F.linear(hidden_states, self._fused_weights(1)))
-            value = self._heads(F.linear(hidden_states, self._fused_weights(2)))
+        query, key, value = self._fused_parts(hidden_states)
+        if query_states is not None:  # the EMD: a second call, so that a wrapped in_proj (LoRA) adapts it too
+            query = self._fused_parts(query_states)[0]
         query = query + self.q_bias.view(self.num_heads, 1, self.head_dim)
         value = value + self.v_bias.view(self.num_heads, 1, self.head_dim)
         return query, key, value
@@ -787,16 +783,18 @@ class DisentangledSelfAttention(nn.Module):
         pos_key = pos_query = None
         if "c2p" in self.pos_att_type:
             if self.share_att_key:
-                pos_key = F.linear(key_rows, *self._key_projection())
+                pos_key = self._fused_parts(key_rows)[1] if self.fused else self._heads(self.key_proj(key_rows))
             else:
-                pos_key = (self.pos_proj if self.fused else self.pos_key_proj)(key_rows)
-            pos_key = self._heads(pos_key * self.scaling)
+                pos_key = self._heads((self.pos_proj if self.fused else self.pos_key_proj)(key_rows))
+            pos_key = pos_key * self.scaling
         if "p2c" in self.pos_att_type:
-            if self.share_att_key:
-                pos_query = F.linear(query_rows, *self._query_projection())
+            if not self.share_att_key:
+                pos_query = self._heads((self.pos_q_proj if self.fused else self.pos_query_proj)(query_rows))
+            elif self.fused:
+                pos_query = self._fused_parts(query_rows)[0] + self.q_bias.view(self.num_heads, 1, self.head_dim)
             else:
-                pos_query = (self.pos_q_proj if self.fused else self.pos_query_proj)(query_rows)
-            pos_query = self._heads(pos_query * self.scaling)
+                pos_query = self._heads(self.query_proj(query_rows))
+            pos_query = pos_query * self.scaling
         return pos_key, pos_query
 
     def position_projections(self, rel_embeddings: torch.Tensor, positions: RelativePositions):
@@ -806,10 +804,16 @@ class DisentangledSelfAttention(nn.Module):
         the whole table come from the cache (they depend on weights only); otherwise only the used rows are projected.
         """
         first, count = positions.first_row, positions.num_rows
-        if positions.cache is None:
+        cache = positions.cache
+        if not self._projects_with_weights_only():
+            # Wrapped projections are recomputed, and what was cached before wrapping goes: peft's merge_and_unload
+            # adds the adapters to the weights through `.data`, which no version counter sees.
+            self.__dict__.pop("_position_cache", None)
+            cache = None
+        if cache is None:
             rows = self.pos_dropout(rel_embeddings[first : first + count])
             return self.project_positions(rows.flip(0), rows)
-        pos_key, pos_query = positions.cache.position_projections(
+        pos_key, pos_query = cache.position_projections(
             self, rel_embeddings, lambda table: self.project_positions(table.flip(0), table)
         )
         total = rel_embeddings.shape[0]
@@ -819,15 +823,24 @@ class DisentangledSelfAttention(nn.Module):
             pos_query = pos_query[:, first : first + count]
         return pos_key, pos_query
 
-    def _query_projection(self):
-        if self.fused:
-            return self._fused_weights(0), self.q_bias
-        return self.query_proj.weight, self.query_proj.bias
-
-    def _key_projection(self):
-        if self.fused:
-            return self._fused_weights(1), None
-        return self.key_proj.weight, self.key_proj.bias
+    def _projects_with_weights_only(self) -> bool:
+        """Whether the position projections are plain `nn.Linear`s without hooks, so that the parameters alone decide
+        their output. A wrapped projection (a LoRA layer, whose adapters can be disabled or switched without touching
+        a parameter; a quantized linear) or a hooked one is called on every pass instead of being cached."""
+        return all(
+            type(module) is nn.Linear
+            and not (module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__)
+            for name in (
+                "in_proj",
+                "query_proj",
+                "key_proj",
+                "pos_proj",
+                "pos_q_proj",
+                "pos_key_proj",
+                "pos_query_proj",
+            )
+            if (module := getattr(self, name, None)) is not None
+        )
 
     def forward(
         self,
@@ -1433,14 +1446,10 @@ def refuse_flattened(head: nn.Module, position_ids, attention_mask, kwargs: dict
     """A head that cannot take a flattened batch (one row, position_ids restarting at 0 per sequence, no padding)
     says so. Restarting position_ids with padding in the mask are a padded row's (`generate` numbers a left-padded
     prompt so)."""
-    has_padding = attention_mask is not None and not bool(attention_mask.bool().all())
-    if kwargs.get("cu_seq_lens_q") is not None or (
-        not has_padding
-        and position_ids is not None
-        and position_ids.dim() == 2
-        and position_ids.shape[0] == 1
-        and flattened_restarts(position_ids, 1)
-    ):
+    # The mask is read only for a one-row batch with position_ids: an exported graph (ONNX) cannot branch on values.
+    one_row = position_ids is not None and position_ids.dim() == 2 and position_ids.shape[0] == 1
+    has_padding = one_row and attention_mask is not None and not bool(attention_mask.bool().all())
+    if kwargs.get("cu_seq_lens_q") is not None or (one_row and not has_padding and flattened_restarts(position_ids, 1)):
         raise ValueError(
             f"{type(head).__name__} cannot take a flattened batch (position_ids restarting at 0 within a row); "
             "pass padded sequences with an attention_mask"
