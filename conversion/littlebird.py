@@ -47,7 +47,7 @@ _LAYER_PARTS = (
 TEACHER_CONFIG_FIELDS = (*core.BERT_ENCODER_FIELDS, "pad_token_id")
 # Parameters LittleBird has and BERT/RoBERTa do not: initialised fresh (regexes over LittleBirdModel's names).
 NEW_PARAMETERS = {
-    r"embeddings\.pack_embeddings": "P0 (embeddings.pack_embeddings)",
+    r"embeddings\.pack_embeddings": "P0 (embeddings.pack_embeddings, drawn from N(0, 1): posformers' choice)",
     r"encoder\.layer\.\d+\.pack_attention\..+": (
         "each layer's pack attention and its LayerNorm, the last layer's without (pack_attention.*)"
     ),
