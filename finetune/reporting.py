@@ -5,17 +5,27 @@ count_tokens(training_args)                       # let Trainer count tokens, fo
 trainer = Trainer(..., callbacks=[ThroughputCallback()])
     # ThroughputCallback adds samples/s, tokens/s and the remaining time to every training log line
 report_metrics(trainer, "eval", metrics)          # <output_dir>/eval_results.json + all_results.json, and a table
+finish_run(trainer, results, card)                # run_stages' last step, in every script:
+    # <output_dir>/training_curves.png: loss and the evaluation metrics against the step (plot_training_curves;
+    #     matplotlib is optional: without it, one log line says so)
+    # <output_dir>/README.md: Trainer's card with a model-index naming the task, the dataset and every evaluated
+    #     metric, a results table and the curves (write_model_card); --push_to_hub uploads this card
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import re
 import time
+from pathlib import Path
 
 import datasets
 import transformers
+import yaml
 from transformers import TrainerCallback, TrainingArguments
+from transformers.modelcard import TASK_TAG_TO_NAME_MAPPING, TrainingSummary
 
 logger = logging.getLogger(__name__)
 
@@ -99,3 +109,167 @@ def count_tokens(training_args: TrainingArguments) -> None:
     """Have Trainer count the non-padding tokens it trains on (for tokens/s), unless the user chose a mode."""
     if training_args.include_num_input_tokens_seen == "no":
         training_args.include_num_input_tokens_seen = "non_padding"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The end of a run: training curves and the model card
+# ---------------------------------------------------------------------------------------------------------------------
+
+CURVES_FILE = "training_curves.png"
+# Evaluation keys that are not quality metrics: speeds, counts, and the loss (drawn with the training loss).
+_NOT_METRICS = re.compile(r"(_runtime|_per_second|_samples|_loss|_number|^epoch|^step|_thresh|_total)$")
+MAX_METRIC_PANELS = 4
+
+
+def curve_metrics(log_history: list[dict]) -> list[str]:
+    """The evaluation metrics worth a curve: numeric `eval_*` keys that are not speeds, counts or the loss, nor
+    per-class breakdowns (upper-case names: NER's eval_PER_f1, ...), at most MAX_METRIC_PANELS in logged order."""
+    names = []
+    for entry in log_history:
+        for key, value in entry.items():
+            if (
+                key.startswith("eval_")
+                and isinstance(value, (int, float))
+                and not _NOT_METRICS.search(key)
+                and key == key.lower()
+                and key not in names
+            ):
+                names.append(key)
+    return names[:MAX_METRIC_PANELS]
+
+
+def plot_training_curves(log_history: list[dict], path) -> Path | None:
+    """Draw the training loss (and eval_loss) and each evaluation metric against the step into `path` (a PNG).
+
+    Returns the path, or None when there is nothing to draw or matplotlib is not installed (then one log line says
+    so: matplotlib is optional, `pip install 'posformers[plots]'`).
+    """
+    losses = [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry and "step" in entry]
+    evaluations = [entry for entry in log_history if "step" in entry and any(k.startswith("eval_") for k in entry)]
+    if not losses and not evaluations:
+        return None
+    try:
+        from matplotlib.figure import Figure  # the object API: no pyplot, no global backend to choose
+    except ImportError:
+        logger.warning("matplotlib is not installed: no %s (pip install 'posformers[plots]')", CURVES_FILE)
+        return None
+    metrics = curve_metrics(evaluations)
+    figure = Figure(figsize=(4.2 * (1 + len(metrics)), 3.4), layout="constrained")
+    axes = figure.subplots(1, 1 + len(metrics), squeeze=False)[0]
+    eval_losses = [(entry["step"], entry["eval_loss"]) for entry in evaluations if "eval_loss" in entry]
+    for points, label, style in ((losses, "training loss", "-"), (eval_losses, "evaluation loss", "o-")):
+        if points:
+            axes[0].plot(*zip(*points), style, label=label, markersize=4)
+    axes[0].set(title="loss", xlabel="step")
+    axes[0].legend()
+    for axis, name in zip(axes[1:], metrics):
+        points = [(entry["step"], entry[name]) for entry in evaluations if name in entry]
+        axis.plot(*zip(*points), "o-", color="tab:green", markersize=4)
+        axis.set(title=name.removeprefix("eval_"), xlabel="step")
+    for axis in axes:
+        axis.grid(alpha=0.3)
+    path = Path(path)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def card_metrics(results: dict, prefix: str) -> dict[str, float]:
+    """The `prefix_*` quality metrics of a run's results ({"f1": 0.91, ...}): no loss, speeds, counts, per-class
+    breakdowns (NER's upper-case PER_f1, ...) nor MNLI's mismatched eval_mm_* under "eval"."""
+    return {
+        key.removeprefix(f"{prefix}_"): value
+        for key, value in results.items()
+        if key.startswith(f"{prefix}_")
+        and not (prefix == "eval" and key.startswith("eval_mm_"))
+        and isinstance(value, (int, float))
+        and not _NOT_METRICS.search(key)
+        and key == key.lower()
+    }
+
+
+def results_table(results: dict) -> str:
+    """A markdown table of the evaluation (and test) metrics of a run, one row per metric."""
+    rows = []
+    for prefix, split in (("eval", "evaluation"), ("eval_mm", "evaluation (mismatched)"), ("predict", "test")):
+        rows += [f"| {split} | {name} | {value:.4f} |" for name, value in card_metrics(results, prefix).items()]
+    if not rows:
+        return ""
+    return "\n".join(["| split | metric | value |", "|---|---|---:|", *rows])
+
+
+def _dataset_tag(name: str) -> str:
+    """A model-index dataset `type` for a dataset name: a Hub id as it is, else a slug ('train.txt, valid.txt' ->
+    'train-txt-valid-txt')."""
+    if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) and not Path(name).exists():
+        return name
+    return re.sub(r"[^a-z0-9]+", "-", Path(name).name.lower()).strip("-") or "custom"
+
+
+def model_index(model_name: str, card: dict, metrics: dict[str, float]) -> list[dict]:
+    """The Hub's model-index: one result naming the task, the dataset and every evaluated metric (Trainer's own
+    keeps only metrics in its short list, which has no exact_match, pearson, ...)."""
+    task = card.get("tasks")
+    task = task[0] if isinstance(task, list) else task
+    result = {
+        "task": {"type": task, "name": TASK_TAG_TO_NAME_MAPPING.get(task, task.replace("-", " ").title())},
+        "dataset": {"name": card["dataset"], "type": card["dataset_tags"]},
+        "metrics": [
+            {"name": name.replace("_", " ").title(), "type": name, "value": float(value)}
+            for name, value in metrics.items()
+        ],
+    }
+    if card.get("dataset_args"):
+        result["dataset"]["args"] = card["dataset_args"]
+    return [{"name": model_name, "results": [result] if task and metrics else []}]
+
+
+def write_model_card(trainer, results: dict, **card) -> Path | None:
+    """Write `<output_dir>/README.md` (process 0 only): transformers' Trainer card whose model-index names the task,
+    the dataset and every evaluated metric, then a results table and the training curves.
+
+    card: Trainer.create_model_card's arguments (tasks, dataset, dataset_tags, dataset_args, finetuned_from, language,
+    tags, model_name, ...). Trainer leaves the model-index without results when the data is local files (no Hub
+    dataset tag) or its metrics are not in its short list; here the dataset gets a tag from its name ("custom data"
+    when there is none), and the metrics are those of the run's final evaluation (`results`).
+    """
+    if not trainer.is_world_process_zero():
+        return None
+    card = {key: value for key, value in card.items() if value}
+    finetuned_from = card.get("finetuned_from")
+    if finetuned_from and Path(finetuned_from).exists():
+        card.pop("finetuned_from")  # a local folder is no Hub model to link to
+    card.setdefault("dataset", "custom data")
+    card.setdefault("dataset_tags", _dataset_tag(card["dataset"]))
+    summary = TrainingSummary.from_trainer(trainer, **card)
+    summary.finetuned_from = summary.finetuned_from or None  # a model trained from scratch has "" as its name
+    evaluated = card_metrics(results, "eval")
+    if evaluated:  # the card's list of results: the final evaluation, in Trainer's naming
+        summary.eval_results = {key.replace("_", " ").title(): value for key, value in evaluated.items()}
+    metadata = summary.create_metadata()
+    metadata["model-index"] = model_index(summary.model_name, {**card, "tasks": summary.tasks}, evaluated)
+    metadata["metrics"] = list(evaluated) or metadata.get("metrics", [])
+    if card["dataset_tags"] != card["dataset"]:
+        metadata.pop("datasets", None)  # local files: their slug is no Hub dataset to link to
+    body = summary.to_model_card().split("---\n", 2)[2]  # Trainer's text without its front matter
+    table = results_table(results)
+    extra = f"\n## Results\n\n{table}\n" if table else ""
+    output_dir = Path(trainer.args.output_dir)
+    if (output_dir / CURVES_FILE).is_file():
+        extra += f"\n## Training curves\n\n![loss and evaluation metrics against the step]({CURVES_FILE})\n"
+    body = body.replace("\n## Model description", extra + "\n## Model description", 1)
+    path = output_dir / "README.md"
+    path.write_text(f"---\n{yaml.dump(metadata, sort_keys=False)}---\n{body}", encoding="utf-8")
+    return path
+
+
+def finish_run(trainer, results: dict, card: dict | None) -> None:
+    """The end of every script, after its stages: training_curves.png and README.md (the model card) in the output
+    folder, on process 0; `trainer.push_to_hub` then uploads this card rather than writing Trainer's own."""
+    card = card or {}
+    trainer.create_model_card = functools.partial(write_model_card, trainer, results)
+    if not trainer.is_world_process_zero() or not (trainer.args.do_train or trainer.args.do_eval):
+        return
+    output_dir = Path(trainer.args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    plot_training_curves(trainer.state.log_history, output_dir / CURVES_FILE)
+    write_model_card(trainer, results, **card)

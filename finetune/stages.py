@@ -10,7 +10,8 @@
 
 Each stage runs when its TrainingArguments flag asks for it (`--do_train`, `--do_eval`, `--do_predict`,
 `--push_to_hub`) and reports its metrics through `report_metrics` (<split>_results.json, all_results.json and a
-table); the metrics of all stages come back in one dict.
+table); the metrics of all stages come back in one dict. Before pushing, `finish_run` writes training_curves.png and
+the model card (README.md, with a model-index) into the output folder.
 
 Every stage runs on every process: under torchrun each one is a collective somewhere (evaluation gathers the
 predictions; under FSDP or DeepSpeed ZeRO-3, saving gathers the sharded weights, and `Trainer.push_to_hub` saves before
@@ -24,7 +25,7 @@ from collections.abc import Callable
 
 from transformers import Trainer
 
-from .reporting import report_metrics
+from .reporting import finish_run, report_metrics
 
 
 def run_stages(
@@ -63,6 +64,7 @@ def run_stages(
         if metrics:
             report_metrics(trainer, "predict", metrics)
             results.update(metrics)
+    finish_run(trainer, results, card)  # training_curves.png and the model card
     if args.push_to_hub:
         trainer.push_to_hub(**{key: value for key, value in (card or {}).items() if value})
     return results
