@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
@@ -60,6 +61,9 @@ HELD_OUT_ARTICLES = ("Jacksonville,_Florida", "Intergovernmental_Panel_on_Climat
 MARKER = ".posformers-littlebird-recipe"
 STAGE_RECORD = "recipe_stage.json"
 STAGES = ("teacher", "convert", "distill", "rss", "qa")
+# --global_prefix_experiment: the RSS stage again on question-first passages, without and with a global prefix of one
+# block (LittleBirdConfig.global_prefix_length 1, the paper's behaviour, and block_size).
+PREFIX_STAGES = ("rss-prefix-off", "rss-prefix-on")
 QA_WINDOW = 4096
 QUIET = ["--report_to", "none", "--disable_tqdm", "True", "--save_strategy", "no"]
 
@@ -98,21 +102,21 @@ RECIPE_SIZES = {
         sst2_sentences=30000,
         seq_length=64,
         batch_size=16,
-        teacher_steps=1000,
+        teacher_steps=800,
         teacher_learning_rate=2e-3,
         block_size=64,
         pack_length=16,
-        distill_steps=150,
+        distill_steps=100,
         distill_learning_rate=1e-3,
         padding_insertion_max_length=256,
         rss_seq_length=256,
-        rss_steps=150,
+        rss_steps=100,
         rss_learning_rate=1e-3,
-        qa_train_questions=300,
+        qa_train_questions=200,
         qa_eval_questions=None,
         qa_epochs=1.0,
         qa_batch_size=4,
-        qa_learning_rate=1e-3,
+        qa_learning_rate=2e-3,
     ),
     "toy": RecipeSize(
         teacher="hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,"
@@ -178,6 +182,50 @@ def write_pretraining_text(folder: Path, size: RecipeSize) -> dict[str, Path]:
         "rss_train": write_lines(folder / "rss_train.txt", paragraphs["train"]),
         "rss_validation": write_lines(folder / "rss_valid.txt", paragraphs["validation"]),
     }
+
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+CONTENT_WORD = re.compile(r"[A-Za-z][A-Za-z-]{4,}|[A-Z][a-z]+|\d{3,}")
+
+
+def question_first(text: str) -> str:
+    """`text` with the sentence sharing the most content words with the others (not the first or last sentence)
+    moved to the front: its recurring spans become [QUESTION]s or answers in the passage's first block."""
+    sentences = SENTENCE_END.split(text)
+    if len(sentences) < 3:
+        return text
+
+    def shared(index: int) -> int:
+        others = set(CONTENT_WORD.findall(" ".join(sentences[:index] + sentences[index + 1 :])))
+        return len(set(CONTENT_WORD.findall(sentences[index])) & others)
+
+    chosen = max(range(1, len(sentences) - 1), key=shared)
+    return " ".join([sentences[chosen], *sentences[:chosen], *sentences[chosen + 1 :]])
+
+
+def question_first_passages(articles: list[dict], tokenizer, length: int) -> list[str]:
+    """One document per passage of `length` tokens, each starting with a question sentence (`question_first`).
+
+    Passage k reads the article from paragraph k, cut at a word boundary and filled with " ." (one token each,
+    never part of a span) to exactly `length - 3` tokens: posformers-pretrain packs documents into
+    `[CLS] doc [SEP] [SEP]` chunks of `length` (documents joined by [SEP]), so each document is one passage, read from
+    position 1."""
+    size, passages = length - 3, []
+    for article in articles:
+        paragraphs = [" ".join(p["context"].split()) for p in article["paragraphs"]]
+        for start in range(len(paragraphs)):
+            text = " ".join(paragraphs[start:])
+            encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            if len(encoding["input_ids"]) < size:
+                break
+            word_ids = encoding.word_ids()
+            # the last whole word within `size` tokens
+            cut = next(i for i in range(size, 0, -1) if i == len(word_ids) or word_ids[i] != word_ids[i - 1])
+            passage = question_first(text[: encoding["offset_mapping"][cut - 1][1]])
+            passage += " ." * (size - len(tokenizer.tokenize(passage)))
+            if len(tokenizer.tokenize(passage)) == size:
+                passages.append(passage)
+    return passages
 
 
 def long_document(article: dict, tokenizer, window: int) -> dict:
@@ -246,6 +294,10 @@ def write_qa_files(folder: Path, tokenizer, size: RecipeSize) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def stage_number(stage: str) -> int:
+    return (*STAGES, *PREFIX_STAGES).index(stage) + 1
+
+
 def first_evaluation(output_dir: Path, key: str) -> float:
     """`key` at the first evaluation of the run in `output_dir` (--eval_on_start: before any training step)."""
     state = json.loads((output_dir / "trainer_state.json").read_text(encoding="utf-8"))
@@ -261,7 +313,7 @@ class Recipe:
         self.text: dict[str, Path] = {}
 
     def folder(self, stage: str) -> Path:
-        return self.output_dir / f"{STAGES.index(stage) + 1}-{stage}"
+        return self.output_dir / f"{stage_number(stage)}-{stage}"
 
     def common(self, stage: str) -> list[str]:
         """Arguments every script call shares: its output folder (the recipe's own: a rerun may write over it)."""
@@ -352,6 +404,36 @@ class Recipe:
             "exact_match": metrics["eval_exact_match"],
         }
 
+    def prefix_experiment(self, stage: str, global_prefix_length: int) -> dict:
+        """The RSS stage from the distilled student, trained and scored on question-first passages."""
+        tokenizer = AutoTokenizer.from_pretrained(self.folder("distill"))
+        train_articles, held_out = load_articles()
+        files = {}
+        for split, articles in (("train", train_articles), ("validation", held_out)):
+            passages = question_first_passages(articles, tokenizer, self.size.rss_seq_length)
+            files[split] = write_lines(self.data / f"question_first_{split}.txt", passages)
+        metrics = run_pretrain.main(
+            [
+                "--objective", "rss", "--model_name_or_path", str(self.folder("distill")),
+                "--config_overrides", f"global_prefix_length={global_prefix_length}",
+                "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+                "--max_seq_length", str(self.size.rss_seq_length),
+                *self.training("rss"), "--do_eval", "--eval_on_start", *self.common(stage),
+            ]
+        )  # fmt: skip
+        return {
+            "global_prefix_length": global_prefix_length,
+            "span_loss_before": first_evaluation(self.folder(stage), "eval_loss"),
+            "span_loss": metrics["eval_loss"],
+            "exact_match": metrics["eval_exact_match"],
+        }
+
+    def rss_prefix_off(self) -> dict:
+        return self.prefix_experiment("rss-prefix-off", 1)
+
+    def rss_prefix_on(self) -> dict:
+        return self.prefix_experiment("rss-prefix-on", self.size.block_size)
+
     def qa(self) -> dict:
         source = self.folder("rss")
         files = write_qa_files(self.data, AutoTokenizer.from_pretrained(source), self.size)
@@ -404,6 +486,16 @@ ROWS = {
         "paragraphs of the held-out articles",
         "span-selection loss {span_loss_before:.3f} -> {span_loss:.3f}, exact match {exact_match:.1%}",
     ),
+    "rss-prefix-off": (
+        "RSS on question-first passages, global_prefix_length {global_prefix_length} (off)",
+        "question-first passages of the held-out articles",
+        "span-selection loss {span_loss_before:.3f} -> {span_loss:.3f}, exact match {exact_match:.1%}",
+    ),
+    "rss-prefix-on": (
+        "RSS on question-first passages, global_prefix_length {global_prefix_length} (one block)",
+        "question-first passages of the held-out articles",
+        "span-selection loss {span_loss_before:.3f} -> {span_loss:.3f}, exact match {exact_match:.1%}",
+    ),
     "qa": (
         "posformers-qa, whole articles",
         "{eval_questions} questions about the held-out articles",
@@ -433,7 +525,8 @@ def summarize(output_dir: Path, records: dict, size_name: str, seed: int) -> dic
         model, data, numbers = ROWS[stage]
         metrics = record["metrics"]
         lines.append(
-            f"| {STAGES.index(stage) + 1}. {stage} | {model} | {data.format(**metrics)} | {numbers.format(**metrics)} "
+            f"| {stage_number(stage)}. {stage} | {model.format(**metrics)} | {data.format(**metrics)} "
+            f"| {numbers.format(**metrics)} "
             f"| {record['seconds']:.0f} s |"
         )
     lines += ["", f"Total: {summary['seconds']:.0f} s. A tiny model trained for minutes: a smoke test, not a result."]
@@ -471,6 +564,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--overwrite_output_dir", action="store_true", help="write into any folder; rerun all stages")
+    parser.add_argument(
+        "--global_prefix_experiment",
+        action="store_true",
+        help="also train the RSS stage on question-first passages with global_prefix_length 1 and block_size",
+    )
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
@@ -487,15 +585,15 @@ def main(argv: list[str] | None = None) -> dict | None:
     recipe.data.mkdir(exist_ok=True)
     recipe.text = write_pretraining_text(recipe.data, recipe.size)
     records: dict = {}
-    for stage in STAGES:
+    for stage in STAGES + (PREFIX_STAGES if args.global_prefix_experiment else ()):
         record_path = recipe.folder(stage) / STAGE_RECORD
         if record_path.is_file():
             records[stage] = json.loads(record_path.read_text(encoding="utf-8"))
             print(f"== {stage}: finished in an earlier run, skipped ({record_path})", flush=True)
             continue
-        print(f"== {STAGES.index(stage) + 1}. {stage} ==", flush=True)
+        print(f"== {stage_number(stage)}. {stage} ==", flush=True)
         start = time.perf_counter()
-        metrics = getattr(recipe, stage)()
+        metrics = getattr(recipe, stage.replace("-", "_"))()
         records[stage] = {"seconds": round(time.perf_counter() - start, 1), "metrics": metrics}
         record_path.write_text(json.dumps(records[stage], indent=2) + "\n", encoding="utf-8")
         summarize(args.output_dir, records, args.size, args.seed)

@@ -9,6 +9,7 @@ from conftest import TOKENIZER_DIR
 from transformers import AutoTokenizer
 
 from posformers.finetune import littlebird_recipe as recipe
+from posformers.finetune.pretrain_data import pack_batch
 
 TOY = ["--size", "toy", "--threads", "1"]
 
@@ -78,6 +79,32 @@ def test_interleave_takes_questions_from_every_document_in_turn():
         "c": ["c0", "c1"],
     }
     assert sum(len(d["paragraphs"][0]["qas"]) for d in recipe.interleave(documents, None)) == 6
+
+
+def test_question_first_moves_one_whole_sentence_to_the_front():
+    text = (
+        "Geology is the study of the Earth. Rocks form in many ways. "
+        "Geologists study rocks and the Earth with field work. It ends here."
+    )
+    moved = recipe.question_first(text)
+    assert moved.startswith("Geologists study rocks and the Earth with field work. Geology is the study")
+    assert sorted(moved.split()) == sorted(text.split())
+    assert recipe.question_first("One sentence. Two sentences.") == "One sentence. Two sentences."
+
+
+def test_question_first_passages_each_fill_one_packed_sequence():
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    articles = recipe.load_articles()[1]
+    passages = recipe.question_first_passages(articles, tokenizer, 128)
+    assert len(passages) > 20
+    assert all(len(tokenizer.tokenize(passage)) == 125 for passage in passages)
+    # packed as posformers-pretrain packs documents, every passage starts its own sequence at position 1
+    packed = pack_batch(passages, tokenizer, 128, word_starts=False)["input_ids"]
+    assert len(packed) == len(passages)
+    for passage, ids in zip(passages, packed):
+        assert ids[1:126] == tokenizer(passage, add_special_tokens=False)["input_ids"]
+    first_sentence = passages[0].split(". ")[0]
+    assert first_sentence in " ".join(p["context"] for p in articles[0]["paragraphs"])
 
 
 def test_held_out_articles_and_text_never_reach_training(finished):
@@ -194,6 +221,23 @@ def test_refuses_a_folder_it_did_not_make_unless_told_to_overwrite(tmp_path):
     assert sorted(path.name for path in output_dir.iterdir()) == ["notes.txt"]
     with pytest.raises(SystemExit, match="is a file"):
         run(output_dir / "notes.txt")
+
+
+def test_global_prefix_experiment_trains_rss_without_and_with_a_global_first_block(finished):
+    output_dir, _ = finished
+    before = stage_weights(output_dir)
+    with_prefix = run(output_dir, "--global_prefix_experiment")
+    assert stage_weights(output_dir) == before  # the recipe's stages are reused
+    assert list(with_prefix["stages"]) == [*recipe.STAGES, *recipe.PREFIX_STAGES]
+    block_size = recipe.RECIPE_SIZES["toy"].block_size
+    for stage, prefix in zip(recipe.PREFIX_STAGES, (1, block_size)):
+        folder = output_dir / f"{recipe.stage_number(stage)}-{stage}"
+        assert results(folder / "config.json")["global_prefix_length"] == prefix
+        metrics = with_prefix["stages"][stage]["metrics"]
+        assert metrics["global_prefix_length"] == prefix
+        assert metrics["span_loss"] == results(folder / "eval_results.json")["eval_loss"]
+    table = (output_dir / "summary.md").read_text(encoding="utf-8")
+    assert f"global_prefix_length {block_size} (one block)" in table
 
 
 def test_overwrite_output_dir_reruns_every_stage(finished):
