@@ -510,9 +510,13 @@ def test_gradients_reach_slopes_and_pack_embeddings():
 
 def test_gradient_checkpointing_gives_the_same_gradients():
     input_ids, attention_mask, _ = right_padded_batch([22, 9], 22)
+    # Reentrant checkpointing runs the first forward pass without gradients, where the attention takes its fused SDPA
+    # path: the layers recomputed in backward read inputs that differ from the explicit path's at float rounding
+    # (up to 4e-6 in the gradients here, with unit-scale pack states); non-reentrant checkpointing is exact.
     check_activation_checkpointing(
         tiny_model(LittleBirdModel),
         lambda model: model(input_ids, attention_mask=attention_mask).last_hidden_state[attention_mask.bool()].sum(),
+        atol=1e-5,
     )
 
 
