@@ -23,6 +23,7 @@ _END_PAIRS = {("B", "B"), ("B", "S"), ("B", "O"), ("I", "B"), ("I", "S"), ("I", 
 _STARTS_AT = {"B", "S"}
 _START_PAIRS = {("E", "E"), ("E", "I"), ("S", "E"), ("S", "I"), ("O", "E"), ("O", "I")}
 _NO_TYPE = {"O", "."}
+OVERALL = ("precision", "recall", "f1", "accuracy")
 
 
 def split_tag(tag: str) -> tuple[str, str]:

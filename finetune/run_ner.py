@@ -16,8 +16,9 @@ Labels: each word's tag goes on its first sub-token; the other sub-tokens are ig
 --label_all_tokens, get the word's tag too (B- turned into I-) for training. Evaluation always reads the first
 sub-token of each word, so scores are per word whatever the training option: entity-level precision, recall and F1
 exactly as `seqeval`'s default mode, word accuracy, and per entity type `<TYPE>_precision/_recall/_f1/_number`
-(finetune/ner_metrics.py; --return_entity_level_metrics False leaves the per-type scores out). Words past
---max_seq_length tokens get no prediction: they count as "O" (a warning says how many).
+(posformers' `evaluate` module "seqeval", computed by finetune/ner_metrics.py; --return_entity_level_metrics False
+leaves the per-type scores out). Words past --max_seq_length tokens get no prediction: they count as "O" (a
+warning says how many).
 
 Writes into --output_dir: the model and tokenizer, `*_results.json`, and the predictions in CoNLL format, one
 `word gold predicted` line per word and a blank line between sentences (conlleval reads it): `eval_predictions.txt`
@@ -42,11 +43,12 @@ from transformers import (
     set_seed,
 )
 
+from . import metrics
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
 from .errors import ArgumentError, DataError, exit_on_data_error
 from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
 from .ner_data import label_list, read_hub, read_split_files
-from .ner_metrics import ner_metrics
+from .ner_metrics import OVERALL
 from .padding_free import plan_padding_free
 from .reporting import ThroughputCallback, count_tokens, setup_logging
 from .run_qa import window_length
@@ -256,13 +258,26 @@ def write_conll(path: Path, sentences, predictions) -> None:
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
+def flatten_seqeval(result: dict, per_type: bool) -> dict[str, float]:
+    """evaluate's seqeval layout -> Trainer metrics: precision, recall, f1, accuracy and, per type,
+    <TYPE>_precision / _recall / _f1 / _number (as transformers' run_ner with --return_entity_level_metrics)."""
+    scores = {name: result[f"overall_{name}"] for name in OVERALL}
+    if per_type:
+        for type_, values in result.items():
+            if isinstance(values, dict):
+                scores.update({f"{type_}_{name}": value for name, value in values.items()})
+    return scores
+
+
 class NerScorer:
-    """Trainer's compute_metrics for whichever split is being scored (`use(split)` before predicting another)."""
+    """Trainer's compute_metrics for whichever split is being scored (`use(split)` before predicting another),
+    through posformers' `evaluate` module "seqeval" (finetune/metrics)."""
 
     def __init__(self, splits: dict, kept: dict, id2label: dict, per_type: bool):
         self.splits, self.kept, self.id2label, self.per_type = splits, kept, id2label, per_type
         self.split = "validation"
         self.last_tags: list[list[str]] | None = None
+        self.metric = metrics.load("seqeval")
 
     def use(self, split: str) -> NerScorer:
         self.split = split
@@ -271,10 +286,8 @@ class NerScorer:
     def __call__(self, prediction: EvalPrediction) -> dict[str, float]:
         sentences, kept = self.splits[self.split], self.kept[self.split]
         self.last_tags = word_predictions(prediction.predictions, prediction.label_ids, sentences, kept, self.id2label)
-        scores = ner_metrics([sentence["ner_tags"] for sentence in sentences], self.last_tags)
-        if not self.per_type:
-            scores = {key: scores[key] for key in ("precision", "recall", "f1", "accuracy")}
-        return scores
+        gold = [sentence["ner_tags"] for sentence in sentences]
+        return flatten_seqeval(self.metric.compute(predictions=self.last_tags, references=gold), self.per_type)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

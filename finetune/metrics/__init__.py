@@ -7,16 +7,19 @@
     squad.compute(predictions=[{"id": "q1", "prediction_text": "Denver Broncos"}],
                   references=[{"id": "q1", "answers": {"text": ["Denver Broncos"], "answer_start": [177]}}])
     squad_v2 = metrics.load("squad_v2")     # predictions also carry "no_answer_probability" (posformers-qa: null odds)
+    seqeval = metrics.load("seqeval")       # NER entity scores: predictions / references are lists of tags per sentence
 
 `metrics.load(name, ...)` is `evaluate.load(metrics.path(name), ...)`: a local path, which `evaluate` loads without
 the network (it copies the script into its modules cache, HF_MODULES_CACHE). Inputs are those of the `evaluate`
-metrics of the same name; the numbers are computed by finetune/glue_metrics.py and finetune/qa_metrics.py.
+metrics of the same name; the numbers are computed by finetune/glue_metrics.py, finetune/qa_metrics.py and
+finetune/ner_metrics.py.
 
 | name | config_name | metrics |
 |---|---|---|
 | glue | cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli | as glue_metrics.TASK_METRICS (+ combined_score) |
 | squad | default (SQuAD v1.1), triviaqa | exact_match, f1 |
 | squad_v2 | default | exact, f1, total, HasAns_*, NoAns_*, best_exact(_thresh), best_f1(_thresh) |
+| seqeval | default | per entity type {precision, recall, f1, number}, overall_precision/recall/f1/accuracy |
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 import evaluate
 
 METRICS_DIR = Path(__file__).resolve().parent
-NAMES = ("glue", "squad", "squad_v2")
+NAMES = ("glue", "squad", "squad_v2", "seqeval")
 
 
 def path(name: str) -> str:

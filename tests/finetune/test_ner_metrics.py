@@ -9,6 +9,7 @@ from helpers.data import DATA_DIR
 from seqeval.metrics import accuracy_score, classification_report, f1_score, precision_score, recall_score
 from seqeval.metrics.sequence_labeling import get_entities
 
+from posformers.finetune import metrics
 from posformers.finetune.ner_data import read_conll
 from posformers.finetune.ner_metrics import entities, ner_metrics
 
@@ -75,3 +76,20 @@ def test_hand_checked_cases():
 def test_lengths_must_match():
     with pytest.raises(ValueError, match="sentence 0 has 1 tags for 2 words"):
         ner_metrics([["O", "O"]], [["O"]])
+
+
+def test_evaluate_module_gives_evaluates_seqeval_layout():
+    references = [e["ner_tags"] for e in read_conll(DATA_DIR / "ner" / "conll2003" / "valid.txt")]
+    rng = random.Random(1)
+    predictions = [[rng.choice(TAGS[:5]) if rng.random() < 0.2 else tag for tag in tags] for tags in references]
+    result = metrics.load("seqeval").compute(predictions=predictions, references=references)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = classification_report(references, predictions, output_dict=True)
+        assert result["overall_f1"] == pytest.approx(f1_score(references, predictions), abs=1e-12)
+        assert result["overall_accuracy"] == pytest.approx(accuracy_score(references, predictions), abs=1e-12)
+    assert set(result) == {"LOC", "MISC", "ORG", "PER", "overall_precision", "overall_recall", "overall_f1",
+                           "overall_accuracy"}  # fmt: skip
+    for type_ in ("LOC", "MISC", "ORG", "PER"):
+        assert result[type_]["f1"] == pytest.approx(report[type_]["f1-score"], abs=1e-12)
+        assert result[type_]["number"] == report[type_]["support"]
