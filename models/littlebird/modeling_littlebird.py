@@ -1435,14 +1435,10 @@ def refuse_flattened(head: nn.Module, position_ids, attention_mask, kwargs: dict
     """A head that cannot take a flattened batch (one row, position_ids restarting at 0 per sequence, no padding)
     says so. Restarting position_ids with padding in the mask are a padded row's (`generate` numbers a left-padded
     prompt so)."""
-    has_padding = attention_mask is not None and not bool(attention_mask.bool().all())
-    if kwargs.get("cu_seq_lens_q") is not None or (
-        not has_padding
-        and position_ids is not None
-        and position_ids.dim() == 2
-        and position_ids.shape[0] == 1
-        and flattened_restarts(position_ids, 1)
-    ):
+    # The mask is read only for a one-row batch with position_ids: an exported graph (ONNX) cannot branch on values.
+    one_row = position_ids is not None and position_ids.dim() == 2 and position_ids.shape[0] == 1
+    has_padding = one_row and attention_mask is not None and not bool(attention_mask.bool().all())
+    if kwargs.get("cu_seq_lens_q") is not None or (one_row and not has_padding and flattened_restarts(position_ids, 1)):
         raise ValueError(
             f"{type(head).__name__} cannot take a flattened batch (position_ids restarting at 0 within a row); "
             "pass padded sequences with an attention_mask"

@@ -186,12 +186,14 @@ class RoFormerRotaryEmbedding(nn.Module):
         """position_ids: (B or 1, L) -> cos, sin of shape (B or 1, L, 1, rotary_dim) in `dtype`, laid out for
         `apply_rotary` in the config's current `rope_layout`."""
         max_cached = self.config.max_position_embeddings
-        if total_length > max_cached and not self.dynamic and not self.config.rope_scaling:
+        # An exported graph (ONNX) must serve every length: it computes the tables, never branching on the length.
+        exporting = torch.compiler.is_exporting()
+        if not exporting and total_length > max_cached and not self.dynamic and not self.config.rope_scaling:
             logger.warning_once(
                 f"Input of {total_length} positions is longer than max_position_embeddings={max_cached} and no "
                 "rope_scaling is configured: rotary positions extrapolate beyond what the model was trained on."
             )
-        if total_length > max_cached or self.cos_cached.device.type == "meta":
+        if exporting or total_length > max_cached or self.cos_cached.device.type == "meta":
             cos, sin = self.compute_tables(position_ids, seq_len=total_length)
         else:
             cos, sin = self.cos_cached[position_ids], self.sin_cached[position_ids]
@@ -1106,8 +1108,13 @@ class RoFormerModel(RoFormerPreTrainedModel):
             blocker = "output_attentions=True returns padded (batch, heads, L, L) weights"
         device = (input_ids if input_ids is not None else inputs_embeds).device
         packing = None
-        # a decoder reads restarting position_ids of a padded row as given (`generate` numbers left padding so)
-        decoder_padding = config.is_decoder and attention_mask is not None and not bool(attention_mask.bool().all())
+        # a decoder reads restarting position_ids of a padded row as given (`generate` numbers left padding so); an
+        # exported graph (ONNX) cannot branch on the mask's values and runs padded
+        decoder_padding = (
+            config.is_decoder
+            and attention_mask is not None
+            and (torch.compiler.is_exporting() or not bool(attention_mask.bool().all()))
+        )
         if not decoder_padding:
             packing = plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, blocker, device)
         if packing is not None:
@@ -1231,14 +1238,10 @@ def refuse_flattened(head: nn.Module, position_ids, attention_mask, kwargs: dict
     """A head that cannot take a flattened batch (one row, position_ids restarting at 0 per sequence, no padding)
     says so. Restarting position_ids with padding in the mask are a padded row's (`generate` numbers a left-padded
     prompt so)."""
-    has_padding = attention_mask is not None and not bool(attention_mask.bool().all())
-    if kwargs.get("cu_seq_lens_q") is not None or (
-        not has_padding
-        and position_ids is not None
-        and position_ids.dim() == 2
-        and position_ids.shape[0] == 1
-        and flattened_restarts(position_ids, 1)
-    ):
+    # The mask is read only for a one-row batch with position_ids: an exported graph (ONNX) cannot branch on values.
+    one_row = position_ids is not None and position_ids.dim() == 2 and position_ids.shape[0] == 1
+    has_padding = one_row and attention_mask is not None and not bool(attention_mask.bool().all())
+    if kwargs.get("cu_seq_lens_q") is not None or (one_row and not has_padding and flattened_restarts(position_ids, 1)):
         raise ValueError(
             f"{type(head).__name__} cannot take a flattened batch (position_ids restarting at 0 within a row); "
             "pass padded sequences with an attention_mask"
@@ -1668,6 +1671,7 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         flat_mask = _flatten_choices(attention_mask)
         if (
             self.config.summary_type == "last"
+            and self.config.unpad_inputs != "never"
             and flat_mask is not None
             and flat_mask.dim() == 2
             and not bool(flat_mask.bool()[:, -1].all())
