@@ -9,6 +9,7 @@ import datasets
 import pytest
 from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers.data import DATA_DIR
+from helpers.pretrain_corpus import TINY
 from transformers import AutoTokenizer
 
 import posformers
@@ -18,6 +19,7 @@ from posformers.finetune.mc_data import read_split_files
 SWAG = DATA_DIR / "mc" / "swag_sample"
 CSQA = DATA_DIR / "mc" / "commonsenseqa"
 DEMO_QA = Path(posformers.__file__).resolve().parent / "demo_data" / "qa"
+NO_DROPOUT = ",hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"
 FAST = ["--learning_rate", "5e-3", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8"]
 
 
@@ -185,6 +187,29 @@ def test_swag_csv_trains_and_predicts(tmp_path):
     )
     assert metrics["eval_samples"] == 4 and metrics["eval_accuracy"] in (0, 0.25, 0.5, 0.75, 1)
     assert [p["id"] for p in read_jsonl(tmp_path / "out" / "predictions.jsonl")] == ["0", "1", "2", "3"]
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_each_model_family_scores_the_same_with_and_without_padding(model_type, tmp_path):
+    # The model skipping the choices' padding inside (auto) or computing on it (false): the same probabilities
+    tiny = ["--model_type", model_type, "--config_overrides", TINY[model_type] + NO_DROPOUT]
+    tiny += ["--tokenizer_name", str(TOKENIZER_DIR)]
+    data = [
+        "--train_file",
+        str(CSQA / "train_rand_split.jsonl"),
+        "--validation_file",
+        str(CSQA / "dev_rand_split.jsonl"),
+    ]
+    data += ["--max_train_samples", "16", "--max_eval_samples", "16"]
+    mc_main(tmp_path / "model", *data, "--do_train", "--max_steps", "3", model=tiny)
+    results = {}
+    for mode in ("auto", "false"):
+        model = ["--model_name_or_path", str(tmp_path / "model")]
+        results[mode] = mc_main(tmp_path / mode, *data, "--do_eval", "--padding_free", mode, model=model)
+    assert results["auto"]["eval_loss"] == pytest.approx(results["false"]["eval_loss"], abs=1e-5)
+    unpadded, padded = (read_jsonl(tmp_path / mode / "eval_predictions.jsonl") for mode in ("auto", "false"))
+    for a, b in zip(unpadded, padded):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5)
 
 
 def long_passage_questions(path: Path, count: int) -> Path:
