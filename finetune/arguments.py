@@ -22,13 +22,20 @@ from pathlib import Path
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from .errors import OutputDirError
+from .errors import ArgumentError, OutputDirError
 from .padding_free import PADDING_FREE_CHOICES, check_padding_free
 
 logger = logging.getLogger(__name__)
 
 # What a finished or interrupted run leaves in its output folder: writing a new run over these loses them.
-RUN_ARTIFACTS = ("config.json", "model.safetensors", "pytorch_model.bin", "trainer_state.json", "all_results.json")
+RUN_ARTIFACTS = (
+    "config.json",
+    "model.safetensors",
+    "pytorch_model.bin",
+    "adapter_model.safetensors",
+    "trainer_state.json",
+    "all_results.json",
+)
 _CHECKPOINT_DIR = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-\d+$")
 
 
@@ -92,8 +99,39 @@ class RunArguments:
         },
     )
 
+    lora_r: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "Train LoRA adapters of this rank (and the head) instead of the whole model; the output folder "
+            "then holds the adapter and LOAD_ADAPTER.md says how to load it. Needs peft (pip install posformers[peft])."
+        },
+    )
+    lora_alpha: float | None = dataclasses.field(
+        default=None, metadata={"help": "LoRA scaling numerator (the update is scaled by alpha / r). Default: 2 * r."}
+    )
+    lora_dropout: float = dataclasses.field(default=0.0, metadata={"help": "Dropout on the LoRA branch's input."})
+    lora_target_modules: str = dataclasses.field(
+        default="attention",
+        metadata={
+            "help": "What LoRA adapts: 'attention' (query and value projections), 'all-linear' (every encoder "
+            "linear), or comma-separated module names (see posformers.peft.TARGET_MODULES)."
+        },
+    )
+
     def __post_init__(self):
         check_padding_free(self.padding_free)
+        if self.lora_r is None:
+            given = [name for name in ("lora_alpha", "lora_dropout") if getattr(self, name) not in (None, 0.0)]
+            if self.lora_target_modules != "attention":
+                given.append("lora_target_modules")
+            if given:
+                raise ArgumentError(f"--{given[0]} needs --lora_r (the rank of the LoRA adapters)")
+        elif self.lora_r < 1:
+            raise ArgumentError(f"--lora_r must be a positive rank, got {self.lora_r}")
+        if self.lora_alpha is not None and self.lora_alpha <= 0:
+            raise ArgumentError(f"--lora_alpha must be positive, got {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ArgumentError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
 
 
 def parse_arguments(dataclass_types: Iterable[type], argv: list[str] | None = None) -> tuple:

@@ -48,6 +48,7 @@ from .errors import DataError, exit_on_data_error
 from .glue_data import GlueTask, Table, get_task, read_files, read_hub, split_files, submission_name
 from .glue_metrics import TASK_METRICS
 from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
+from .lora import apply_lora
 from .padding_free import plan_padding_free
 from .reporting import ThroughputCallback, count_tokens, setup_logging
 from .stages import run_stages
@@ -289,6 +290,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     padding_free = plan_padding_free(
         run_args.padding_free, model, training_args, pad_to_max_length=data_args.pad_to_max_length
     )
+    if run_args.lora_r is not None:
+        labels = {"id2label": model.config.id2label, "label2id": model.config.label2id}
+        if regression:
+            labels = {"num_labels": 1, "problem_type": "regression"}
+        model = apply_lora(
+            model, model_args, run_args, training_args, "SEQ_CLS", "AutoModelForSequenceClassification", **labels
+        )
 
     train_dataset = None
     if training_args.do_train:

@@ -71,6 +71,7 @@ from transformers import (
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
 from .errors import ArgumentError, BadExamples, DataError, exit_on_data_error
 from .loading import load_config, load_model, load_tokenizer
+from .lora import apply_lora
 from .padding_free import plan_padding_free
 from .qa_data import DATA_FORMATS, KORQUAD_MODES, check_examples, hub_examples, load_qa_file
 from .qa_features import postprocess_predictions, prepare_features
@@ -313,6 +314,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     padding_free = plan_padding_free(
         run_args.padding_free, model, training_args, pad_to_max_length=data_args.pad_to_max_length
     )
+    if run_args.lora_r is not None:
+        # No task_type: peft's PeftModelForQuestionAnswering drops token_type_ids and position_ids (peft 0.21),
+        # which would silently break segment embeddings and flattened batches; plain PeftModel passes everything.
+        model = apply_lora(model, model_args, run_args, training_args, None, "AutoModelForQuestionAnswering")
 
     datasets_ = {
         split: to_features(examples, split, tokenizer, data_args, max_seq_length, training_args, question)

@@ -103,3 +103,31 @@ def get_peft_model(model: nn.Module, peft_config: peft.PeftConfig, **kwargs):
             f"model, 'all-linear') (every encoder linear), or module names of your own"
         )
     return peft.get_peft_model(model, peft_config, **kwargs)
+
+
+def add_lora(
+    model: nn.Module, r: int, *, alpha: float | None = None, dropout: float = 0.0, targets="attention", task_type=None
+):
+    """`model` wrapped by peft with LoRA adapters of rank `r` (scaled by `alpha / r`, alpha defaulting to 2r) and its
+    head trained whole (`head_modules`): what the fine-tuning scripts' --lora_* flags do.
+
+    targets: "attention" or "all-linear" (`target_modules`; for a model type peft knows, "attention" is peft's own
+    default), or comma-separated module names.
+    """
+    model_type = _model_type(model)
+    if targets in ("attention", "all-linear"):
+        if model_type in TARGET_MODULES:
+            targets = target_modules(model, targets)
+        elif targets == "attention":
+            targets = None  # peft's default for the model types it knows (and its own error otherwise)
+    else:
+        targets = [name.strip() for name in targets.split(",") if name.strip()]
+    config = peft.LoraConfig(
+        r=r,
+        lora_alpha=2 * r if alpha is None else alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        modules_to_save=head_modules(model),
+        task_type=task_type,
+    )
+    return get_peft_model(model, config)
