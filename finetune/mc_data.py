@@ -29,6 +29,7 @@ from pathlib import Path
 import datasets
 
 from .errors import BadExamples, DataError
+from .ner_data import read_splits
 
 logger = logging.getLogger(__name__)
 
@@ -179,24 +180,20 @@ def check_split(questions: list[dict], where, bad: BadExamples) -> list[dict]:
     return kept
 
 
+def read_questions(path: Path, bad: BadExamples) -> list[dict]:
+    """The checked questions of one .csv or .jsonl file."""
+    questions = []
+    for row, record in _records(path):
+        try:
+            questions.append(make_question(record, path, row))
+        except DataError as error:
+            bad.add(error)
+    return check_split(questions, path, bad)
+
+
 def read_split_files(files: dict[str, str], skip_bad: bool) -> dict[str, list[dict]]:
     """{split: .csv or .jsonl file} -> {split: questions}."""
-    splits = {}
-    for split, name in files.items():
-        path = Path(name)
-        if not path.is_file():
-            raise DataError("no such file", path=path)
-        bad = BadExamples(skip_bad, split)
-        questions = []
-        for row, record in _records(path):
-            try:
-                questions.append(make_question(record, path, row))
-            except DataError as error:
-                bad.add(error)
-        splits[split] = check_split(questions, path, bad)
-        if len(bad):
-            logger.warning(bad.summary())
-    return splits
+    return read_splits(files, skip_bad, read_questions)
 
 
 def read_hub(name: str, config_name: str | None, cache_dir) -> dict[str, list[dict]]:

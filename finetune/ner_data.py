@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -145,22 +146,31 @@ def read_json_split(path: Path, columns: tuple[str, str], bad: BadExamples) -> l
     return sentences
 
 
-def read_split_files(files: dict[str, str], columns: tuple[str, str], skip_bad: bool) -> dict[str, list[dict]]:
-    """{split: file} -> {split: sentences}; the format follows the file's suffix (.json/.jsonl, else CoNLL)."""
+def read_splits(files: dict[str, str], skip_bad: bool, read: Callable[[Path, BadExamples], list]) -> dict[str, list]:
+    """{split: file name} -> {split: read(path, bad)}: each file must exist and give examples; the bad examples that
+    `read` hands to `bad` stop the run, or with skip_bad are skipped and counted in one warning per split."""
     splits = {}
     for split, name in files.items():
         path = Path(name)
         if not path.is_file():
             raise DataError("no such file", path=path)
         bad = BadExamples(skip_bad, split)
-        json_lines = path.suffix in (".json", ".jsonl")
-        sentences = read_json_split(path, columns, bad) if json_lines else read_conll(path, bad)
-        if not sentences:
-            raise DataError("no sentences", path=path)
+        splits[split] = read(path, bad)
+        if not splits[split]:
+            raise DataError("no examples", path=path)
         if len(bad):
             logger.warning(bad.summary())
-        splits[split] = sentences
     return splits
+
+
+def read_split_files(files: dict[str, str], columns: tuple[str, str], skip_bad: bool) -> dict[str, list[dict]]:
+    """{split: file} -> {split: sentences}; the format follows the file's suffix (.json/.jsonl, else CoNLL)."""
+
+    def read(path: Path, bad: BadExamples) -> list[dict]:
+        json_lines = path.suffix in (".json", ".jsonl")
+        return read_json_split(path, columns, bad) if json_lines else read_conll(path, bad)
+
+    return read_splits(files, skip_bad, read)
 
 
 def tag_names_of(feature) -> list[str] | None:

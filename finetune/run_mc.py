@@ -47,7 +47,7 @@ from .loading import fit_config_to_tokenizer, load_config, load_model, load_toke
 from .mc_data import read_hub, read_split_files
 from .padding_free import plan_padding_free
 from .reporting import ThroughputCallback, count_tokens, setup_logging
-from .run_ner import SPLIT_FLAGS, data_file_names, limit_splits, require_splits
+from .run_ner import SPLIT_FLAGS, SplitDataArguments, limit_splits, model_card, require_splits
 from .run_qa import window_length
 from .stages import run_stages
 
@@ -55,27 +55,8 @@ logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
-class McDataArguments:
-    """What data to train and evaluate on (names as in transformers' run_swag)."""
-
-    dataset_name: str | None = dataclasses.field(
-        default=None, metadata={"help": "A Hub dataset (swag, commonsense_qa, ai2_arc) or a local folder."}
-    )
-    dataset_config_name: str | None = dataclasses.field(default=None, metadata={"help": "Its configuration."})
-    train_file: str | None = dataclasses.field(default=None, metadata={"help": "A SWAG .csv or a .jsonl file."})
-    validation_file: str | None = dataclasses.field(default=None, metadata={"help": "Same, for evaluation."})
-    test_file: str | None = dataclasses.field(default=None, metadata={"help": "Same, for predictions."})
-    max_seq_length: int | None = dataclasses.field(
-        default=None, metadata={"help": "Tokens per choice (default: 4096 for LittleBird, else 512)."}
-    )
-    pad_to_max_length: bool = dataclasses.field(
-        default=False, metadata={"help": "Pad every choice to max_seq_length (default: to the batch's longest)."}
-    )
-    max_train_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N questions."})
-    max_eval_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N questions."})
-    max_predict_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N questions."})
-    overwrite_cache: bool = dataclasses.field(default=False, metadata={"help": "Kept for run_swag compatibility."})
-    preprocessing_num_workers: int | None = dataclasses.field(default=None, metadata={"help": "Tokenizer processes."})
+class McDataArguments(SplitDataArguments):
+    """posformers-mc's data options (names as in transformers' run_swag)."""
 
 
 def load_splits(data_args: McDataArguments, training_args, skip_bad: bool, cache_dir) -> dict:
@@ -217,11 +198,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         train_samples=len(features["train"]) if "train" in features else None,
         evaluate=evaluate,
         predict=predict,
-        card={
-            "finetuned_from": model_args.model_name_or_path,
-            "tasks": "multiple-choice",
-            "dataset": data_args.dataset_name or data_file_names(data_args),
-        },
+        card=model_card(model_args, data_args, "multiple-choice"),
     )
 
 

@@ -60,36 +60,43 @@ IGNORE = -100  # the label of tokens the loss and the scores skip
 
 
 @dataclasses.dataclass
-class NerDataArguments:
-    """What data to train and evaluate on (names as in transformers' run_ner)."""
+class SplitDataArguments:
+    """The data of posformers-ner and posformers-mc: files or a dataset, and how much of it (names as in transformers'
+    run_ner and run_swag)."""
 
     dataset_name: str | None = dataclasses.field(
-        default=None, metadata={"help": "A Hub dataset (e.g. conll2003) or a local folder datasets can read."}
+        default=None, metadata={"help": "A Hub dataset (conll2003, swag, commonsense_qa, ...) or a local folder."}
     )
     dataset_config_name: str | None = dataclasses.field(default=None, metadata={"help": "Its configuration."})
-    train_file: str | None = dataclasses.field(default=None, metadata={"help": "A CoNLL file or a .json/.jsonl."})
+    train_file: str | None = dataclasses.field(
+        default=None, metadata={"help": "NER: a CoNLL file or .json/.jsonl; multiple choice: a SWAG .csv or .jsonl."}
+    )
     validation_file: str | None = dataclasses.field(default=None, metadata={"help": "Same, for evaluation."})
-    test_file: str | None = dataclasses.field(default=None, metadata={"help": "Same, for predictions (with tags)."})
-    text_column_name: str = dataclasses.field(default="tokens", metadata={"help": "The column of word lists."})
-    label_column_name: str = dataclasses.field(default="ner_tags", metadata={"help": "The column of tag lists."})
+    test_file: str | None = dataclasses.field(default=None, metadata={"help": "Same, for predictions."})
     max_seq_length: int | None = dataclasses.field(
         default=None,
-        metadata={"help": "Tokens per sentence, longer ones are cut (default: 4096 for LittleBird, else 512)."},
+        metadata={"help": "Tokens per input, longer ones are cut (default: 4096 for LittleBird, else 512)."},
     )
     pad_to_max_length: bool = dataclasses.field(
         default=False, metadata={"help": "Pad every input to max_seq_length (default: pad each batch to its longest)."}
     )
+    max_train_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N examples."})
+    max_eval_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N examples."})
+    max_predict_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N examples."})
+
+
+@dataclasses.dataclass
+class NerDataArguments(SplitDataArguments):
+    """posformers-ner's data options (names as in transformers' run_ner)."""
+
+    text_column_name: str = dataclasses.field(default="tokens", metadata={"help": "The column of word lists."})
+    label_column_name: str = dataclasses.field(default="ner_tags", metadata={"help": "The column of tag lists."})
     label_all_tokens: bool = dataclasses.field(
         default=False, metadata={"help": "Train on every sub-token of a word (default: its first sub-token only)."}
     )
     return_entity_level_metrics: bool = dataclasses.field(
         default=True, metadata={"help": "Report precision/recall/F1 per entity type besides the overall scores."}
     )
-    max_train_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N sentences."})
-    max_eval_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N sentences."})
-    max_predict_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N sentences."})
-    overwrite_cache: bool = dataclasses.field(default=False, metadata={"help": "Kept for run_ner compatibility."})
-    preprocessing_num_workers: int | None = dataclasses.field(default=None, metadata={"help": "Tokenizer processes."})
 
     @property
     def columns(self) -> tuple[str, str]:
@@ -354,34 +361,28 @@ def main(argv: list[str] | None = None) -> dict | None:
         return metrics
 
     def predict() -> dict:
-        output = trainer.predict(features["test"], metric_key_prefix="predict")  # scored by scorer.use("test")
-        scorer.use("validation")
+        scorer.use("test")
+        output = trainer.predict(features["test"], metric_key_prefix="predict")
+        scorer.use("validation")  # evaluations during training score the validation split
         if trainer.is_world_process_zero():
             write_conll(output_dir / "predictions.txt", splits["test"], scorer.last_tags)
         return {**output.metrics, "predict_samples": len(splits["test"])}
-
-    def predict_test() -> dict:
-        scorer.use("test")
-        return predict()
 
     return run_stages(
         trainer,
         checkpoint,
         train_samples=len(features["train"]) if "train" in features else None,
         evaluate=evaluate,
-        predict=predict_test,
-        card={
-            "finetuned_from": model_args.model_name_or_path,
-            "tasks": "token-classification",
-            "dataset": data_args.dataset_name or data_file_names(data_args),
-        },
+        predict=predict,
+        card=model_card(model_args, data_args, "token-classification"),
     )
 
 
-def data_file_names(data_args) -> str | None:
-    """'train.txt, valid.txt': the data files of a run, for its model card."""
-    names = [Path(name).name for name in (data_args.train_file, data_args.validation_file, data_args.test_file) if name]
-    return ", ".join(names) or None
+def model_card(model_args: ModelArguments, data_args: SplitDataArguments, task: str) -> dict:
+    """run_stages' card arguments: the base model, the task, and the dataset (its name, or the data files' names)."""
+    files = (data_args.train_file, data_args.validation_file, data_args.test_file)
+    dataset = data_args.dataset_name or ", ".join(Path(name).name for name in files if name) or None
+    return {"finetuned_from": model_args.model_name_or_path, "tasks": task, "dataset": dataset}
 
 
 if __name__ == "__main__":

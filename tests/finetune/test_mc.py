@@ -190,10 +190,22 @@ def test_swag_csv_trains_and_predicts(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
+def assert_padding_changes_nothing(tmp_path: Path, data: list[str], model: list[str]) -> None:
+    """Train `model` a few steps, then evaluate it with the padding skipped inside (auto) and computed on (false):
+    the same loss and probabilities."""
+    mc_main(tmp_path / "model", *data, "--do_train", "--max_steps", "2", model=model)
+    results = {}
+    for mode in ("auto", "false"):
+        trained = ["--model_name_or_path", str(tmp_path / "model")]
+        results[mode] = mc_main(tmp_path / mode, *data, "--do_eval", "--padding_free", mode, model=trained)
+    assert results["auto"]["eval_loss"] == pytest.approx(results["false"]["eval_loss"], abs=1e-5)
+    unpadded, padded = (read_jsonl(tmp_path / mode / "eval_predictions.jsonl") for mode in ("auto", "false"))
+    for a, b in zip(unpadded, padded):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5)
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
 def test_each_model_family_scores_the_same_with_and_without_padding(model_type, tmp_path):
-    # The model skipping the choices' padding inside (auto) or computing on it (false): the same probabilities
-    tiny = ["--model_type", model_type, "--config_overrides", TINY[model_type] + NO_DROPOUT]
-    tiny += ["--tokenizer_name", str(TOKENIZER_DIR)]
     data = [
         "--train_file",
         str(CSQA / "train_rand_split.jsonl"),
@@ -201,15 +213,7 @@ def test_each_model_family_scores_the_same_with_and_without_padding(model_type, 
         str(CSQA / "dev_rand_split.jsonl"),
     ]
     data += ["--max_train_samples", "16", "--max_eval_samples", "16"]
-    mc_main(tmp_path / "model", *data, "--do_train", "--max_steps", "3", model=tiny)
-    results = {}
-    for mode in ("auto", "false"):
-        model = ["--model_name_or_path", str(tmp_path / "model")]
-        results[mode] = mc_main(tmp_path / mode, *data, "--do_eval", "--padding_free", mode, model=model)
-    assert results["auto"]["eval_loss"] == pytest.approx(results["false"]["eval_loss"], abs=1e-5)
-    unpadded, padded = (read_jsonl(tmp_path / mode / "eval_predictions.jsonl") for mode in ("auto", "false"))
-    for a, b in zip(unpadded, padded):
-        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5)
+    assert_padding_changes_nothing(tmp_path, data, tiny_model_args(model_type, TINY[model_type] + NO_DROPOUT))
 
 
 def long_passage_questions(path: Path, count: int) -> Path:
@@ -239,16 +243,8 @@ def test_littlebird_reads_a_long_passage_shared_by_the_choices(tmp_path):
     passage_tokens = len(tokenizer(questions[0]["first"])["input_ids"])
     assert passage_tokens > 1800 and min(lengths) > passage_tokens  # every choice holds the whole passage
     littlebird = ["--config_name", str(DEMO_QA / "littlebird-qa.json"), "--tokenizer_name", str(TOKENIZER_DIR)]
-    common = ["--train_file", str(data), "--validation_file", str(data), "--per_device_eval_batch_size", "4"]
-    mc_main(tmp_path / "model", *common, "--do_train", "--max_steps", "1", model=littlebird)
-    results = {}
-    for mode in ("auto", "false"):  # the model skipping the padding inside, or computing on it
-        model = ["--model_name_or_path", str(tmp_path / "model")]
-        results[mode] = mc_main(tmp_path / mode, *common, "--do_eval", "--padding_free", mode, model=model)
-    assert results["auto"]["eval_loss"] == pytest.approx(results["false"]["eval_loss"], abs=1e-5)
-    unpadded, padded = (read_jsonl(tmp_path / mode / "eval_predictions.jsonl") for mode in ("auto", "false"))
-    for a, b in zip(unpadded, padded):
-        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5)
+    data = ["--train_file", str(data), "--validation_file", str(data), "--per_device_eval_batch_size", "4"]
+    assert_padding_changes_nothing(tmp_path, data, littlebird)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -27,6 +27,12 @@ def ner_main(out: Path, *args: str, model: list[str] | None = None) -> dict:
     return run_ner.main([*(model or tiny_model_args()), *QUIET, "--output_dir", str(out), *FAST, *args])
 
 
+def train_and_evaluate_on(path: Path, out: Path, *args: str) -> dict:
+    """One training step on `path`, then an evaluation on the same file."""
+    files = ["--train_file", str(path), "--validation_file", str(path)]
+    return ner_main(out, *files, "--do_train", "--do_eval", "--max_steps", "1", *args)
+
+
 def read_predictions(path: Path) -> list[list[tuple[str, str, str]]]:
     """The `word gold predicted` lines of a predictions file, per sentence."""
     sentences = [[]]
@@ -173,8 +179,7 @@ def test_training_learns_and_scores_match_seqeval_on_the_predictions_file(traine
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_flattened_and_padded_batches_give_the_same_predictions(model_type, tmp_path):
     # Each model family, trained a few steps from scratch (dropout off), then evaluated both ways
-    tiny = ["--model_type", model_type, "--config_overrides", TINY[model_type] + NO_DROPOUT]
-    tiny += ["--tokenizer_name", str(TOKENIZER_DIR)]
+    tiny = tiny_model_args(model_type, TINY[model_type] + NO_DROPOUT)
     data = ["--train_file", str(CONLL / "train.txt"), "--validation_file", str(CONLL / "valid.txt")]
     data += ["--max_train_samples", "32", "--max_eval_samples", "48"]
     ner_main(tmp_path / "model", *data, "--do_train", "--max_steps", "3", model=tiny)
@@ -246,18 +251,7 @@ def test_json_lines_with_string_tags(tmp_path):
     path = tmp_path / "train.jsonl"
     sentences = read_conll(CONLL / "train.txt")[:16]
     path.write_text("".join(json.dumps({"tokens": s["tokens"], "ner_tags": s["ner_tags"]}) + "\n" for s in sentences))
-    metrics = ner_main(
-        tmp_path / "out",
-        "--train_file",
-        str(path),
-        "--validation_file",
-        str(path),
-        "--do_train",
-        "--do_eval",
-        "--max_steps",
-        "1",
-    )
-    assert metrics["eval_samples"] == 16
+    assert train_and_evaluate_on(path, tmp_path / "out")["eval_samples"] == 16
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -285,20 +279,7 @@ def test_bad_data_stops_with_file_and_line(tmp_path, content, suffix, message):
 def test_skip_bad_examples_skips_broken_sentences(tmp_path, caplog):
     path = tmp_path / "train.txt"
     path.write_text("EU NNP B-NP B-ORG\nrejects\n\nPeter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n")
-    metrics = ner_main(
-        tmp_path / "out",
-        "--train_file",
-        str(path),
-        "--validation_file",
-        str(path),
-        "--skip_bad_examples",
-        "--log_level",
-        "warning",
-        "--do_train",
-        "--do_eval",
-        "--max_steps",
-        "1",
-    )
+    metrics = train_and_evaluate_on(path, tmp_path / "out", "--skip_bad_examples", "--log_level", "warning")
     assert metrics["eval_samples"] == 1
     assert any("skipped 1 bad example" in record.message for record in caplog.records)
 
