@@ -200,6 +200,7 @@ def written(tmp_path_factory, spm_file) -> dict[str, Path]:
         "roformer-char": roformer.build_tokenizer(VOCAB_DIR / "bert-base-chinese" / "vocab.txt", char_config),
         "roformer-word": roformer.build_tokenizer(VOCAB_DIR / "roformer-chinese-base" / "vocab.txt", char_config),
         "littlebird-bert": littlebird.load_tokenizer(VOCAB_DIR / "bert-base-uncased", None, "bert"),
+        "littlebird-roberta": littlebird.load_tokenizer(VOCAB_DIR / "gpt2", None, "roberta"),
     }
     return {name: write_converted(root / name, tokenizer) for name, tokenizer in tokenizers.items()}
 
@@ -283,16 +284,21 @@ def test_deberta_v3_unigram_gives_sentencepiece_ids_without_sentencepiece(name, 
 
 
 @pytest.mark.slow
-def test_deberta_v1_bpe_gives_gpt2_ids(loaded_elsewhere, written):
+@pytest.mark.parametrize(
+    "name, class_name, first, last",
+    [("deberta-v1", "DebertaTokenizer", "[CLS]", "[SEP]"), ("littlebird-roberta", "RobertaTokenizer", "<s>", "</s>")],
+)
+def test_byte_level_bpe_gives_gpt2_ids(name, class_name, first, last, loaded_elsewhere, written):
+    """DeBERTa v1 and LittleBird's RoBERTa teachers: GPT-2's byte-level BPE between their own special tokens."""
     vocab = json.loads((VOCAB_DIR / "gpt2" / "vocab.json").read_text(encoding="utf-8"))
     merges = (VOCAB_DIR / "gpt2" / "merges.txt").read_text(encoding="utf-8").splitlines()[1:]
     ranks = {tuple(line.split()): rank for rank, line in enumerate(merges) if line}
-    special = json.loads((written["deberta-v1"] / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
+    special = json.loads((written[name] / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
     special = {token["content"]: token["id"] for token in special}
-    job = loaded_elsewhere["deberta-v1"]
-    assert job["class"] == "DebertaTokenizer"
+    job = loaded_elsewhere[name]
+    assert job["class"] == class_name
     for text, ids in zip(ENGLISH + NFKC_TEXT, job["ids"]):
-        assert ids == [special["[CLS]"], *(vocab[token] for token in gpt2_tokens(text, ranks)), special["[SEP]"]]
+        assert ids == [special[first], *(vocab[token] for token in gpt2_tokens(text, ranks)), special[last]]
 
 
 @pytest.mark.slow
