@@ -3,6 +3,7 @@ sub-tokens, scores as seqeval computes them from the predictions file, padded vs
 file and line, the output folder's safety and resuming."""
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -12,9 +13,11 @@ from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers.data import DATA_DIR
 from helpers.pretrain_corpus import TINY
 from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, GPT2Tokenizer
 
 from posformers.finetune import run_ner
+from posformers.finetune.arguments import ModelArguments
+from posformers.finetune.loading import load_tokenizer
 from posformers.finetune.ner_data import read_conll, to_iob2
 
 CONLL = DATA_DIR / "ner" / "conll2003"
@@ -104,6 +107,20 @@ def test_labels_on_first_sub_token_or_all():
     assert (first[headingley[1]], every[headingley[1]]) == (-100, label2id["I-LOC"])
     assert first[0] == every[0] == first[-1] == every[-1] == -100  # [CLS], [SEP]
     assert sum(label != -100 for label in first) == len(sentence["tokens"])
+
+
+def test_byte_level_bpe_tokenizers_get_a_space_before_each_word(tmp_path):
+    # GPT-2's BPE (DeBERTa v1's tokenizer): without add_prefix_space, words of a pre-split sentence lose their "Ġ"
+    shutil.copytree(DATA_DIR / "vocab" / "gpt2", tmp_path / "gpt2")
+    GPT2Tokenizer.from_pretrained(tmp_path / "gpt2").save_pretrained(tmp_path / "tokenizer")
+    model_args = ModelArguments(tokenizer_name=str(tmp_path / "tokenizer"))
+    plain = load_tokenizer(model_args)
+    words = ["EU", "rejects", "German", "call"]
+    assert plain.convert_ids_to_tokens(plain(words, is_split_into_words=True)["input_ids"])[0] == "EU"
+    tokenizer = run_ner.tokenizer_for_words(plain, model_args)
+    encoded = tokenizer(words, is_split_into_words=True)
+    assert tokenizer.convert_ids_to_tokens(encoded["input_ids"]) == ["ĠEU", "Ġrejects", "ĠGerman", "Ġcall"]
+    assert encoded.word_ids() == [0, 1, 2, 3]
 
 
 def test_word_predictions_reads_padded_and_flattened_layouts_alike():
