@@ -13,6 +13,8 @@ Also `python -m posformers.finetune.run_glue` and, in Python, `posformers.finetu
 `--ddp_backend`, `--fsdp`, `--deepspeed`, ...); under torchrun / accelerate launch Trainer runs it distributed.
 `--padding_free auto|true|false` (default auto): flattened batches for the posformers models, or padded ones
 (finetune/padding_free.py).
+`--lora_r 8` (with `--lora_alpha`, `--lora_dropout`, `--lora_target_modules`) trains LoRA adapters and the head instead
+of the whole model and saves the adapter with LOAD_ADAPTER.md (finetune/lora.py).
 
 What it writes into --output_dir: the model and tokenizer (`save_pretrained`), train/eval `*_results.json`
 and `all_results.json`, and for --do_predict the test predictions in GLUE's submission format: `<TASK>.tsv`

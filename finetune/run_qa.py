@@ -8,6 +8,8 @@ heads then give per-window logits of the longest window's length, as a padded ba
 `qa_head="span_selection"` (a recurring span selection checkpoint, `posformers-pretrain --objective rss`) answers with
 its span-selection head: each window gets the model's [QUESTION] token (`question_token_id`, an added special token
 of the tokenizer saved with the model) right after the question.
+`--lora_r 8` (with `--lora_alpha`, `--lora_dropout`, `--lora_target_modules`) trains LoRA adapters and `qa_outputs`
+instead of the whole model and saves the adapter with LOAD_ADAPTER.md (finetune/lora.py).
 
     posformers-qa --model_name_or_path path/to/model --train_file train-v1.1.json --validation_file dev-v1.1.json \
         --do_train --do_eval --output_dir out/squad
