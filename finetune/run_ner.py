@@ -147,11 +147,11 @@ def is_token_classification_checkpoint(config) -> bool:
 
 
 def set_labels(config, labels: list[str], model_args: ModelArguments) -> None:
-    """Give the config the tag set. A fine-tuned NER checkpoint with the same tags keeps its order; one with other
-    tags is refused unless --ignore_mismatched_sizes gives it a new head."""
+    """Give the config the tag set. A fine-tuned NER checkpoint keeps its tags and their order when it knows every tag
+    of the data; one that does not is refused unless --ignore_mismatched_sizes gives it a new head."""
     if model_args.model_name_or_path and is_token_classification_checkpoint(config):
         model_labels = [str(config.id2label[i]) for i in range(config.num_labels)]
-        if sorted(model_labels) == sorted(labels):
+        if set(labels) <= set(model_labels):
             labels = model_labels
         elif not model_args.ignore_mismatched_sizes:
             raise DataError(

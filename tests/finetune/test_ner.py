@@ -264,6 +264,28 @@ def test_hub_style_dataset_folder_with_class_label_tags(tmp_path):
     assert metrics["eval_samples"] == 24
 
 
+def test_a_fine_tuned_checkpoint_keeps_its_tag_order_and_refuses_other_tags(trained, tmp_path):
+    model_dir, _ = trained
+    reordered = tmp_path / "valid.jsonl"  # some of its tags (no I-ORG), first seen in another order
+    sentences = read_conll(CONLL / "valid.txt")[:8]
+    reordered.write_text(
+        "".join(json.dumps({"tokens": s["tokens"], "ner_tags": s["ner_tags"]}) + "\n" for s in sentences)
+    )
+    model = ["--model_name_or_path", str(model_dir)]
+    metrics = ner_main(tmp_path / "same", "--validation_file", str(reordered), "--do_eval", model=model)
+    assert metrics["eval_samples"] == 8
+    # the model's own tag ids: the same predictions as its evaluation on the whole validation file
+    whole = read_predictions(model_dir / "eval_predictions.txt")[:8]
+    assert read_predictions(tmp_path / "same" / "eval_predictions.txt") == whole
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"tokens": ["EU", "rejects"], "ner_tags": ["B-GPE", "O"]}) + "\n")
+    with pytest.raises(SystemExit, match=r"the data's tags \(B-GPE, O\) are not those .* --ignore_mismatched_sizes"):
+        ner_main(tmp_path / "other", "--train_file", str(other), "--do_train", model=model)
+    ner_main(tmp_path / "new-head", "--train_file", str(other), "--do_train", "--max_steps", "1",
+             "--ignore_mismatched_sizes", model=model)  # fmt: skip
+    assert AutoConfig.from_pretrained(tmp_path / "new-head").id2label == {0: "B-GPE", 1: "O"}
+
+
 def test_json_lines_with_string_tags(tmp_path):
     path = tmp_path / "train.jsonl"
     sentences = read_conll(CONLL / "train.txt")[:16]
