@@ -11,19 +11,12 @@ import pytest
 import torch
 from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers.data import DATA_DIR
+from helpers.modeling import tiny_config
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
 import posformers
 from posformers.finetune import run_glue, run_qa
 
-TINY = dict(
-    vocab_size=30522,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=512,
-)
 MASKED_LM = {
     "posformers-roformer": (posformers.RoFormerConfig, posformers.RoFormerForMaskedLM),
     "posformers-deberta": (posformers.DebertaConfig, posformers.DebertaForMaskedLM),
@@ -35,7 +28,7 @@ def pretrained(folder: Path, model_type: str) -> Path:
     """A tiny masked-LM checkpoint with the bert-base-uncased tokenizer: the base model the adapters adapt."""
     config_class, model_class = MASKED_LM[model_type]
     torch.manual_seed(0)
-    model_class(config_class(**TINY)).save_pretrained(folder)
+    model_class(tiny_config(config_class, vocab_size=30522)).save_pretrained(folder)  # the uncased vocabulary
     AutoTokenizer.from_pretrained(TOKENIZER_DIR).save_pretrained(folder)
     return folder
 
