@@ -131,7 +131,10 @@ def relative_positions(length: int, config: DebertaConfig, device: torch.device)
     if buckets > 0:
         distances = log_bucket_position(distances, buckets, max_position)
     rows = (distances + span).clamp(0, 2 * span - 1)  # (2L - 1,), non-decreasing in i - j
-    farthest = _farthest_bucket(length - 1, buckets, max_position) if buckets > 0 else length - 1
+    if torch.compiler.is_exporting():
+        farthest = span  # an exported graph (ONNX) serves every length: all rows, no Python math on the length
+    else:
+        farthest = _farthest_bucket(length - 1, buckets, max_position) if buckets > 0 else length - 1
     first_row = max(span - farthest, 0)
     num_rows = min(span + farthest, 2 * span - 1) - first_row + 1
     positions = torch.arange(length, device=device)
