@@ -1312,25 +1312,14 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
             )
 
         hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
+        sizes = (config.block_size, config.pack_length)
+        layout_args = dict(
+            dtype=hidden_states.dtype, device=hidden_states.device, global_prefix_length=config.global_prefix_length
+        )
         if packing is None:
-            layout = BlockSparseLayout.build(
-                attention_mask,
-                *shape,
-                config.block_size,
-                config.pack_length,
-                dtype=hidden_states.dtype,
-                device=hidden_states.device,
-                global_prefix_length=config.global_prefix_length,
-            )
+            layout = BlockSparseLayout.build(attention_mask, *shape, *sizes, **layout_args)
         else:
-            layout = PackedLayout.build(
-                packing,
-                config.block_size,
-                config.pack_length,
-                dtype=hidden_states.dtype,
-                device=hidden_states.device,
-                global_prefix_length=config.global_prefix_length,
-            )
+            layout = PackedLayout.build(packing, *sizes, **layout_args)
         pack_states = self.embeddings.pack_embeddings.expand(packing.rows if packing else shape[0], -1, -1)
         output = self.encoder(
             hidden_states,
