@@ -297,6 +297,8 @@ def test_refusals_before_training(tmp_path):
     test_only = ["--validation_file", str(CSQA / "test_rand_split_no_answers.jsonl"), "--do_eval"]
     with pytest.raises(SystemExit, match=r"--do_eval: the validation split has no answers"):
         mc_main(tmp_path / "a", *test_only)
+    with pytest.raises(SystemExit, match=r"cannot load the dataset nobody/no-such-dataset: "):
+        mc_main(tmp_path / "d", "--dataset_name", "nobody/no-such-dataset", "--do_train")  # offline in the tests
     with pytest.raises(SystemExit, match=r"--padding_free true: a multiple-choice head scores padded"):
         mc_main(tmp_path / "b", "--train_file", str(SWAG / "train.csv"), "--do_train", "--padding_free", "true")
     args = ["--train_file", str(SWAG / "train.csv"), "--do_train", "--max_steps", "2"]

@@ -315,6 +315,13 @@ def test_bad_data_stops_with_file_and_line(tmp_path, content, suffix, message):
         ner_main(tmp_path / "out", "--train_file", str(path), "--do_train", "--max_steps", "1")
 
 
+def test_a_dataset_that_does_not_load_and_a_missing_split(tmp_path):
+    with pytest.raises(SystemExit, match=r"cannot load the dataset nobody/no-such-dataset: "):
+        ner_main(tmp_path / "a", "--dataset_name", "nobody/no-such-dataset", "--do_train")  # offline in the tests
+    with pytest.raises(SystemExit, match=r"--do_eval needs a validation split \(have: train\)"):
+        ner_main(tmp_path / "b", "--train_file", str(CONLL / "train.txt"), "--do_train", "--do_eval")
+
+
 def test_skip_bad_examples_skips_broken_sentences(tmp_path, caplog):
     path = tmp_path / "train.txt"
     path.write_text("EU NNP B-NP B-ORG\nrejects\n\nPeter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n")
