@@ -12,6 +12,7 @@ import torch
 from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers.data import DATA_DIR
 from helpers.modeling import tiny_config
+from safetensors.torch import load_file
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
 import posformers
@@ -64,9 +65,14 @@ def test_glue_lora_trains_an_adapter_that_loads_back_as_the_note_says(tmp_path, 
             *["--train_file", str(tmp_path / "train.tsv"), "--validation_file", str(tmp_path / "dev.tsv")],
             *["--do_train", "--do_eval", "--max_steps", "10", "--learning_rate", "1e-2", "--seed", "0"],
             *["--per_device_train_batch_size", "16", "--lora_r", "4", "--lora_target_modules", "all-linear"],
+            # Reentrant checkpointing of a frozen model: Trainer must make the embeddings' output require grad.
+            *["--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"use_reentrant": true}'],
         ]
     )
     adapter = assert_adapter_folder(output_dir)
+    weights = load_file(output_dir / "adapter_model.safetensors")
+    lora_b = {key: value for key, value in weights.items() if ".lora_B." in key}
+    assert lora_b and all(value.abs().sum() > 0 for value in lora_b.values()), "B starts at zero: training moved it"
     assert adapter["r"] == 4 and adapter["lora_alpha"] == 8 and adapter["base_model_name_or_path"] == str(base)
     assert adapter["modules_to_save"] and "classifier" in adapter["modules_to_save"]
 
