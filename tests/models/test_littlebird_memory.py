@@ -35,7 +35,7 @@ def attention_chunks(request, monkeypatch):
     """Query blocks per chunk: all of them (the tiny sizes here), a few, or one."""
     elements = {"one-chunk": None, "several-chunks": 2 * HEADS * 40 * HEAD_DIM, "chunks-of-1-block": 1}[request.param]
     if elements is not None:
-        monkeypatch.setattr(modeling_littlebird, "ATTENTION_CHUNK_ELEMENTS", elements)
+        monkeypatch.setattr(modeling_littlebird, "LEAN_ATTENTION_CHUNK_ELEMENTS", elements)
 
 
 def attention_mask_of(lengths, width, padding):
@@ -134,7 +134,7 @@ def explicit_with_masks(inputs, layout, dropout, seed, chunk_blocks):
 def test_dropout_gradients_equal_the_explicit_products_with_the_same_masks(case, monkeypatch):
     """The backward regenerates the forward's masks from the saved seed: gradients equal those of the explicit
     products under the masks `attention_dropout_keep` gives (one query block per chunk here)."""
-    monkeypatch.setattr(modeling_littlebird, "ATTENTION_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(modeling_littlebird, "LEAN_ATTENTION_CHUNK_ELEMENTS", 1)
     inputs, layout, _ = kernel_inputs(case)
     dropout = 0.3
     torch.manual_seed(7)
@@ -166,7 +166,7 @@ def test_dropout_masks_differ_between_calls_and_follow_the_global_seed():
 def test_lean_path_passes_gradcheck_in_float64(dropout, monkeypatch):
     """Finite differences on every input and slope, over chunks of one query block; with dropout, each evaluation
     reseeds the global generator, so that every call draws the same masks."""
-    monkeypatch.setattr(modeling_littlebird, "ATTENTION_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(modeling_littlebird, "LEAN_ATTENTION_CHUNK_ELEMENTS", 1)
     inputs, layout, attention_mask = kernel_inputs("blocks-of-2", dtype=torch.float64, heads=2, head_dim=3)
 
     def real_context(*tensors):
