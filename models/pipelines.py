@@ -92,15 +92,23 @@ class QuestionAnsweringPipeline(ChunkPipeline):
         question, context = inputs["question"], inputs["context"]
         if not question.strip() or not context.strip():
             raise ValueError("inputs: question and context must both hold text")
+        question_token = self._question_token()
         max_length = window_length(self.model.config, self.tokenizer, max_seq_len)
-        if max_length is None:  # one window: the whole document
-            max_length = len(self.tokenizer(question.lstrip(), context)["input_ids"])
+        if max_length is None:  # one window: the whole document, as prepare_features writes the question
+            asked = question.lstrip() if question_token is None else f"{question.lstrip()} {question_token}"
+            max_length = len(self.tokenizer(asked, context)["input_ids"])
             doc_stride = 0
         elif doc_stride is None:
             doc_stride = min(max_length // 2, DEFAULT_MAX_STRIDE)
         example = {"id": ["0"], "question": [question], "context": [context]}
         features = prepare_features(
-            example, self.tokenizer, max_length, doc_stride, with_labels=False, for_postprocessing=True
+            example,
+            self.tokenizer,
+            max_length,
+            doc_stride,
+            with_labels=False,
+            for_postprocessing=True,
+            question_token=question_token,
         )
         names = [name for name in self.tokenizer.model_input_names if name in features]
         for i in range(len(features["input_ids"])):
@@ -112,6 +120,19 @@ class QuestionAnsweringPipeline(ChunkPipeline):
                 "context": context,
                 "is_last": i == len(features["input_ids"]) - 1,
             }
+
+    def _question_token(self) -> str | None:
+        """The [QUESTION] token a span-selection head (config.qa_head "span_selection") reads right after the question,
+        as posformers-qa places it; None for the linear head."""
+        if getattr(self.model.config, "qa_head", "linear") != "span_selection":
+            return None
+        from posformers.finetune.errors import ScriptError
+        from posformers.finetune.run_qa import question_token
+
+        try:
+            return question_token(self.model.config, self.tokenizer)
+        except ScriptError as error:
+            raise ValueError(f"tokenizer: {error}") from None
 
     def _forward(self, inputs):
         extra = {key: inputs.pop(key) for key in ("offset_mapping", "cls_index", "context", "is_last")}

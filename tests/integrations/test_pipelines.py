@@ -158,10 +158,10 @@ def squad_document(min_tokens: int) -> tuple[str, str, str]:
     return qa["question"], qa["answers"][0]["text"], document
 
 
-def best_span(model, question: str, context: str, max_answer_len: int = 30) -> str:
+def best_span(model, question: str, context: str, max_answer_len: int = 30, tokenizer=TOKENIZER) -> str:
     """The best answer of the model's own logits over the whole input (one pass), by checking every start and end
     in the context."""
-    encoded = TOKENIZER(question, context, return_offsets_mapping=True, return_tensors="pt")
+    encoded = tokenizer(question, context, return_offsets_mapping=True, return_tensors="pt")
     offsets, sequence_ids = encoded.pop("offset_mapping")[0].tolist(), encoded.sequence_ids(0)
     with torch.no_grad():
         output = model(**encoded)
@@ -263,3 +263,33 @@ def test_question_answering_options(long_document):
     impossible = qa(question=question, context=paragraph, handle_impossible_answer=True)
     assert impossible["answer"] == "" and impossible["score"] > 0.99
     assert qa(question=question, context=paragraph)["answer"] != ""  # SQuAD v1: a span all the same
+
+
+def test_span_selection_head_reads_its_question_token(long_document):
+    """A QA model whose head is Splinter's (qa_head="span_selection") gets [QUESTION] right after the question, as
+    posformers-qa gives it, and answers with the best span of its own logits on that input."""
+    question, _, document = long_document
+    paragraph = document.split("\n\n")[0]
+    tokenizer = transformers.BertTokenizer.from_pretrained(DATA_DIR / "vocab" / "bert-base-uncased")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[QUESTION]"]})
+    question_id = tokenizer.convert_tokens_to_ids("[QUESTION]")
+    model = build(
+        "littlebird", "ForQuestionAnswering", vocab_size=len(tokenizer), question_token_id=question_id,
+        qa_head="span_selection",
+    )  # fmt: skip
+    calls = []
+    model.register_forward_hook(
+        lambda module, args, kwargs, output: calls.append(kwargs["input_ids"]), with_kwargs=True
+    )
+    qa = pipelines.QuestionAnsweringPipeline(model=model, tokenizer=tokenizer)
+    answer = qa(question=question, context=paragraph)
+    (input_ids,) = calls
+    assert input_ids[0].tolist().count(question_id) == 1
+    assert (
+        int((input_ids[0] == question_id).nonzero()) == int((input_ids[0] == tokenizer.sep_token_id).nonzero()[0]) - 1
+    )
+    assert answer["answer"] == best_span(model, f"{question} [QUESTION]", paragraph, tokenizer=tokenizer)
+
+    plain = transformers.BertTokenizer.from_pretrained(DATA_DIR / "vocab" / "bert-base-uncased")
+    with pytest.raises(ValueError, match=r"^tokenizer: .* no added special token of that id"):
+        pipelines.QuestionAnsweringPipeline(model=model, tokenizer=plain)(question=question, context=paragraph)
