@@ -15,7 +15,9 @@ position limit). The metric is accuracy.
 
 --padding_free: a multiple-choice head scores the choices of a question side by side, so batches stay padded
 (B, choices, L); `auto` (default) lets the model skip the padding inside (unpad_inputs="auto"), `false` computes on
-it, `true` is refused.
+it, `true` is refused. RoFormer's head, as transformers', classifies each choice's last position
+(summary_type="last"), which is a padding token in a padded choice, so its scores depend on the padding (a warning
+says so): `--config_overrides summary_type=mean` (or `first`) gives it a summary that does not.
 
 Writes into --output_dir: the model and tokenizer, `*_results.json`, and for --do_eval / --do_predict
 `eval_predictions.jsonl` / `predictions.jsonl`: per question its id, the predicted choice's label ("A", "0", ...)
@@ -150,6 +152,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     tokenizer = load_tokenizer(model_args)
     tokenizer.padding_side = "right"
     config = fit_config_to_tokenizer(config, tokenizer, model_args)
+    if getattr(config, "summary_type", None) == "last" and not data_args.pad_to_max_length:
+        logger.warning(
+            "%s's multiple-choice head reads each choice's last position (summary_type='last', as transformers' "
+            "RoFormer), a padding token in a padded choice: scores then depend on the batch's padding. "
+            "--config_overrides summary_type=mean (or first) avoids that",
+            config.model_type,
+        )
     model = load_model(model_args, config, AutoModelForMultipleChoice)
     padding_free = plan_padding_free(
         run_args.padding_free,

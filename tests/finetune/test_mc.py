@@ -7,7 +7,7 @@ from pathlib import Path
 
 import datasets
 import pytest
-from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
+from conftest import QUIET, TINY_ROFORMER, TOKENIZER_DIR, tiny_model_args
 from helpers.data import DATA_DIR
 from helpers.pretrain_corpus import TINY
 from transformers import AutoTokenizer
@@ -190,18 +190,21 @@ def test_swag_csv_trains_and_predicts(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
-def assert_padding_changes_nothing(tmp_path: Path, data: list[str], model: list[str]) -> None:
-    """Train `model` a few steps, then evaluate it with the padding skipped inside (auto) and computed on (false):
-    the same loss and probabilities."""
+def assert_padding_changes_nothing(tmp_path: Path, data: list[str], model: list[str], *more_modes: str) -> None:
+    """Train `model` a few steps, then evaluate it with the padding skipped inside (auto) and computed on (false),
+    and in `more_modes` (e.g. "max_length": every choice padded to --max_seq_length 64 and computed on): the same
+    loss and probabilities."""
     mc_main(tmp_path / "model", *data, "--do_train", "--max_steps", "2", model=model)
+    options = {"auto": ["--padding_free", "auto"], "false": ["--padding_free", "false"]}
+    options["max_length"] = ["--padding_free", "false", "--pad_to_max_length", "--max_seq_length", "64"]
     results = {}
-    for mode in ("auto", "false"):
+    for mode in ("auto", "false", *more_modes):
         trained = ["--model_name_or_path", str(tmp_path / "model")]
-        results[mode] = mc_main(tmp_path / mode, *data, "--do_eval", "--padding_free", mode, model=trained)
-    assert results["auto"]["eval_loss"] == pytest.approx(results["false"]["eval_loss"], abs=1e-5)
-    unpadded, padded = (read_jsonl(tmp_path / mode / "eval_predictions.jsonl") for mode in ("auto", "false"))
-    for a, b in zip(unpadded, padded):
-        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5)
+        results[mode] = mc_main(tmp_path / mode, *data, "--do_eval", *options[mode], model=trained)
+    for mode in ("auto", *more_modes):
+        assert results[mode]["eval_loss"] == pytest.approx(results["false"]["eval_loss"], abs=1e-5), mode
+        for a, b in zip(*(read_jsonl(tmp_path / m / "eval_predictions.jsonl") for m in (mode, "false"))):
+            assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5), mode
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
@@ -213,7 +216,19 @@ def test_each_model_family_scores_the_same_with_and_without_padding(model_type, 
         str(CSQA / "dev_rand_split.jsonl"),
     ]
     data += ["--max_train_samples", "16", "--max_eval_samples", "16"]
-    assert_padding_changes_nothing(tmp_path, data, tiny_model_args(model_type, TINY[model_type] + NO_DROPOUT))
+    # RoFormer's default summary (the last position, as transformers') reads a padding token: the mean does not
+    summary = ",summary_type=mean" if model_type == "posformers-roformer" else ""
+    tiny = tiny_model_args(model_type, TINY[model_type] + NO_DROPOUT + summary)
+    assert_padding_changes_nothing(tmp_path, data, tiny, "max_length")
+
+
+def test_roformer_last_position_summary_is_flagged(tmp_path, caplog):
+    args = ["--train_file", str(SWAG / "train.csv"), "--do_train", "--max_steps", "1", "--log_level", "warning"]
+    mc_main(tmp_path / "last", *args)
+    assert any("summary_type='last'" in record.message for record in caplog.records)
+    caplog.clear()
+    mc_main(tmp_path / "mean", *args, model=tiny_model_args(overrides=TINY_ROFORMER + ",summary_type=mean"))
+    assert not any("summary_type" in record.message for record in caplog.records)
 
 
 def long_passage_questions(path: Path, count: int) -> Path:

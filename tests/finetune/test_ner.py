@@ -200,14 +200,17 @@ def test_flattened_and_padded_batches_give_the_same_predictions(model_type, tmp_
     data = ["--train_file", str(CONLL / "train.txt"), "--validation_file", str(CONLL / "valid.txt")]
     data += ["--max_train_samples", "32", "--max_eval_samples", "48"]
     ner_main(tmp_path / "model", *data, "--do_train", "--max_steps", "3", model=tiny)
+    options = {"true": ["--padding_free", "true"], "false": ["--padding_free", "false"]}
+    options["max_length"] = ["--padding_free", "false", "--pad_to_max_length", "--max_seq_length", "64"]
     results = {}
-    for mode in ("true", "false"):
+    for mode, option in options.items():
         model = ["--model_name_or_path", str(tmp_path / "model")]
-        results[mode] = ner_main(tmp_path / mode, *data, "--do_eval", "--padding_free", mode, model=model)
-    flat, padded = (tmp_path / mode / "eval_predictions.txt" for mode in ("true", "false"))
-    assert flat.read_text() == padded.read_text()
-    assert results["true"]["eval_f1"] == results["false"]["eval_f1"]
-    assert results["true"]["eval_loss"] == pytest.approx(results["false"]["eval_loss"], abs=1e-5)
+        results[mode] = ner_main(tmp_path / mode, *data, "--do_eval", *option, model=model)
+    padded = (tmp_path / "false" / "eval_predictions.txt").read_text()
+    for mode in ("true", "max_length"):  # flattened, and every sentence padded to 64 tokens
+        assert (tmp_path / mode / "eval_predictions.txt").read_text() == padded, mode
+        assert results[mode]["eval_f1"] == results["false"]["eval_f1"]
+        assert results[mode]["eval_loss"] == pytest.approx(results["false"]["eval_loss"], abs=1e-5)
 
 
 def test_label_all_tokens_and_words_cut_by_max_seq_length(tmp_path, caplog):
