@@ -366,16 +366,21 @@ def load_tokenizer(source_dir: Path, vocab: str | None, version: str):
         raise ConversionError(f"{location}: could not load the DeBERTa tokenizer ({error})") from error
 
 
+# DebertaV2Tokenizer's inputs: token types even though v3 has type_vocab_size 0 (its embeddings ignore them).
+MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
+
+
 def _sentencepiece_tokenizer(location: Path, explicit: bool):
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     if location.is_file():
         return spm_unigram_tokenizer(location)
     if (location / "spm.model").is_file():
         return spm_unigram_tokenizer(location / "spm.model", _tokenizer_options(location))
-    if (location / "tokenizer_config.json").is_file() or (location / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(location)
-    return core.no_tokenizer(location, "spm.model", explicit)
+    if (location / "tokenizer.json").is_file():
+        # read as it is: transformers 5's DebertaV2Tokenizer would rebuild the normalizer without the model's map
+        return PreTrainedTokenizerFast.from_pretrained(location, model_input_names=MODEL_INPUT_NAMES)
+    return core.no_tokenizer(location, "spm.model or tokenizer.json", explicit)
 
 
 def _tokenizer_options(folder: Path) -> dict:
@@ -414,7 +419,7 @@ def spm_unigram_tokenizer(spm_file: Path, options: dict | None = None):
         **special,
         bos_token="[CLS]",
         eos_token="[SEP]",
-        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+        model_input_names=MODEL_INPUT_NAMES,
     )
     tokenizer.init_kwargs.update(options)
     log(f"tokenizer: {spm_file.name} as a tokenizers Unigram ({len(vocab)} pieces)")

@@ -192,10 +192,16 @@ def written(tmp_path_factory, spm_file) -> dict[str, Path]:
     shutil.copytree(VOCAB_DIR / "gpt2", v1_source)
     (v1_source / "config.json").write_text(json.dumps({"model_type": "deberta"}))
     (v1_source / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False, "vocab_type": "gpt2"}))
+    json_source = root / "deberta-v3-json-source"  # a Hub folder with tokenizer.json (normalization map inside) only
+    deberta.spm_unigram_tokenizer(spm_file).save_pretrained(json_source)
+    config = json.loads((json_source / "tokenizer_config.json").read_text())
+    (json_source / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "DebertaV2Tokenizer"}))
+    (json_source / "config.json").write_text(json.dumps({"model_type": "deberta-v2"}))
     char_config = transformers.RoFormerConfig(max_position_embeddings=1536)
     tokenizers = {
         "deberta-v3": deberta.load_tokenizer(v3_source, None, "deberta-v2"),
         "deberta-v3-spm-file": deberta.load_tokenizer(root, str(spm_file), "deberta-v2"),  # --vocab spm.model
+        "deberta-v3-json": deberta.load_tokenizer(json_source, None, "deberta-v2"),
         "deberta-v1": deberta.load_tokenizer(v1_source, None, "deberta"),
         "roformer-char": roformer.build_tokenizer(VOCAB_DIR / "bert-base-chinese" / "vocab.txt", char_config),
         "roformer-word": roformer.build_tokenizer(VOCAB_DIR / "roformer-chinese-base" / "vocab.txt", char_config),
@@ -262,7 +268,7 @@ def test_every_conversion_output_carries_a_tokenizer_json(written):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["deberta-v3", "deberta-v3-spm-file"])
+@pytest.mark.parametrize("name", ["deberta-v3", "deberta-v3-spm-file", "deberta-v3-json"])
 def test_deberta_v3_unigram_gives_sentencepiece_ids_without_sentencepiece(name, loaded_elsewhere, spm_file):
     import sentencepiece
 
