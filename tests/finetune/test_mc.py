@@ -3,6 +3,7 @@ accuracy against the predictions file, a LittleBird reading a long passage share
 alike), bad data with file and line, and the output folder's safety."""
 
 import json
+import logging
 from pathlib import Path
 
 import datasets
@@ -70,6 +71,15 @@ def test_commonsenseqa_jsonl():
         ["A", "B", "C", "D", "E"],
     )
     assert all(q["label"] is None for q in splits["test"])
+
+
+def test_choices_cut_to_max_seq_length_are_counted(caplog):
+    caplog.set_level(logging.WARNING, logger="posformers")
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    questions = read_split_files({"train": SWAG / "train.csv"}, skip_bad=False)["train"]
+    features = run_mc.to_features(questions, tokenizer, max_length=16, pad_to_max_length=False)
+    assert max(len(ids) for row in features["input_ids"] for ids in row) == 16
+    assert any("of 16 choices were cut to max_seq_length=16" in record.message for record in caplog.records)
 
 
 def test_arc_style_numbered_choices_and_a_passage(tmp_path):

@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoTokenizer, GPT2Tokenizer
 from posformers.finetune import run_ner
 from posformers.finetune.arguments import ModelArguments
 from posformers.finetune.loading import load_tokenizer
-from posformers.finetune.ner_data import read_conll, to_iob2
+from posformers.finetune.ner_data import read_conll, read_split_files, to_iob2
 
 CONLL = DATA_DIR / "ner" / "conll2003"
 TAGS = ["B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER", "O"]
@@ -289,11 +289,16 @@ def test_a_fine_tuned_checkpoint_keeps_its_tag_order_and_refuses_other_tags(trai
     assert AutoConfig.from_pretrained(tmp_path / "new-head").id2label == {0: "B-GPE", 1: "O"}
 
 
-def test_json_lines_with_string_tags(tmp_path):
-    path = tmp_path / "train.jsonl"
+def test_json_lines_and_a_json_list_with_string_tags(tmp_path):
     sentences = read_conll(CONLL / "train.txt")[:16]
-    path.write_text("".join(json.dumps({"tokens": s["tokens"], "ner_tags": s["ner_tags"]}) + "\n" for s in sentences))
-    assert train_and_evaluate_on(path, tmp_path / "out")["eval_samples"] == 16
+    records = [{"tokens": s["tokens"], "ner_tags": s["ner_tags"]} for s in sentences]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    (tmp_path / "train.json").write_text(json.dumps(records, indent=1))
+    columns = ("tokens", "ner_tags")
+    read = read_split_files({"a": tmp_path / "train.jsonl", "b": tmp_path / "train.json"}, columns, skip_bad=False)
+    assert [(s["tokens"], s["ner_tags"]) for s in read["a"]] == [(s["tokens"], s["ner_tags"]) for s in sentences]
+    assert [(s["tokens"], s["ner_tags"]) for s in read["b"]] == [(s["tokens"], s["ner_tags"]) for s in sentences]
+    assert train_and_evaluate_on(tmp_path / "train.jsonl", tmp_path / "out")["eval_samples"] == 16
 
 
 # ---------------------------------------------------------------------------------------------------------------------
