@@ -293,3 +293,51 @@ def test_span_selection_head_reads_its_question_token(long_document):
     plain = transformers.BertTokenizer.from_pretrained(DATA_DIR / "vocab" / "bert-base-uncased")
     with pytest.raises(ValueError, match=r"^tokenizer: .* no added special token of that id"):
         pipelines.QuestionAnsweringPipeline(model=model, tokenizer=plain)(question=question, context=paragraph)
+
+
+# Runs pipelines on saved folders in a Python that cannot import posformers (the folders' own code runs).
+REMOTE_PIPELINES = """
+import transformers
+
+results = {}
+for name, job in ARGS["jobs"].items():
+    pipe = transformers.pipeline(job["task"], model=job["folder"], trust_remote_code=True)
+    results[name] = {"module": type(pipe.model).__module__, "output": pipe(job["text"], **job["kwargs"])}
+results["posformers"] = sorted(m for m in sys.modules if m.split(".")[0] == "posformers")
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+def test_pipelines_without_posformers_run_the_folders_own_code(tmp_path):
+    """fill-mask (DeBERTa) and text-classification (LittleBird) from saved folders with trust_remote_code=True, where
+    posformers cannot be imported, give the scores of the same pipelines here."""
+    from helpers import python_env, run_python
+
+    masked = f"it 's a charming and often {TOKENIZER.mask_token} journey ."
+    jobs = {
+        "deberta-fill-mask": ("fill-mask", build("deberta", "ForMaskedLM"), masked, {"top_k": 5}),
+        "littlebird-classify": (
+            "text-classification",
+            build("littlebird", "ForSequenceClassification", id2label={0: "negative", 1: "positive"}),
+            SENTENCES[0],
+            {"top_k": None},
+        ),
+    }
+    args = {"jobs": {}}
+    expected = {}
+    for name, (task, model, text, kwargs) in jobs.items():
+        model.save_pretrained(tmp_path / name)
+        TOKENIZER.save_pretrained(tmp_path / name)
+        args["jobs"][name] = {"task": task, "folder": str(tmp_path / name), "text": text, "kwargs": kwargs}
+        expected[name] = transformers.pipeline(task, model=model, tokenizer=TOKENIZER)(text, **kwargs)
+    result = run_python(
+        REMOTE_PIPELINES, args, env=python_env(tmp_path / "hf-home"), cwd=tmp_path, without_posformers=True
+    )
+    assert result.pop("posformers") == []
+    for name, remote in result.items():
+        assert remote["module"].startswith("transformers_modules."), remote
+        assert [item.get("token", item.get("label")) for item in remote["output"]] == [
+            item.get("token", item.get("label")) for item in expected[name]
+        ]
+        assert_scores([item["score"] for item in remote["output"]], torch.tensor([i["score"] for i in expected[name]]))
