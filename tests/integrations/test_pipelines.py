@@ -252,6 +252,9 @@ def test_question_answering_options(long_document):
     qa = pipelines.QuestionAnsweringPipeline(model=model, tokenizer=TOKENIZER)
     short = qa(question=question, context=paragraph, max_answer_len=1)
     assert len(TOKENIZER.tokenize(short["answer"])) == 1
+    one = qa(question=question, context=paragraph)
+    assert qa(question=[question, question], context=[paragraph, paragraph]) == [one, one]
+    assert qa({"question": question, "context": paragraph}) == one
     assert qa(question=question, context=paragraph, handle_impossible_answer=True)["answer"] != ""
 
     def favour_cls(module, args, output):
