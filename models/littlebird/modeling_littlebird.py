@@ -1056,10 +1056,35 @@ class LittleBirdLayer(GradientCheckpointingLayer):
             )
             attention_output, weights = self.attention(hidden_states, pack_context, layout, output_attentions, **kwargs)
         tokens = attention_output.flatten(0, 1)
-        layer_output = torch.cat(
-            [self.output(self.intermediate(chunk), chunk) for chunk in tokens.split(self.feed_forward_chunk)]
-        )
+        layer_output = torch.cat([self.feed_forward(chunk) for chunk in tokens.split(self.feed_forward_chunk)])
         return layer_output.view_as(attention_output), pack_states, weights, pack_weights
+
+    def feed_forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """X' = LayerNorm(FFN(A) + A) on (tokens, d).
+
+        While a graph is built, the activation's output (tokens, intermediate_size) is not kept for backward: it is
+        recomputed from the pre-activation, which GELU keeps anyway. That is 4 of the ~15 (L, d) tensors a layer
+        keeps, for one elementwise pass in backward. Off under activation checkpointing (whose own saved-tensor hooks
+        must see every tensor) and torch.compile.
+        """
+        pre_activation = self.intermediate.dense(tokens)
+        activation_fn = self.intermediate.intermediate_act_fn
+        activation = activation_fn(pre_activation)
+        checkpointing = self.gradient_checkpointing and self.training
+        if not activation.requires_grad or checkpointing or is_torchdynamo_compiling():
+            return self.output(activation, tokens)
+
+        # torch keeps the pack hook with what it saved: it must not hold the activation itself.
+        activation_storage = (activation.data_ptr(), activation.shape)
+
+        def pack(tensor):
+            return None if (tensor.data_ptr(), tensor.shape) == activation_storage else tensor
+
+        def unpack(saved):
+            return activation_fn(pre_activation) if saved is None else saved
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            return self.output(activation, tokens)
 
     def packed_attention(self, hidden_states, pack_states, layout: PackedLayout):
         """Both attentions of a packed pass: every projection on the real tokens (1, N, d), the attentions per length

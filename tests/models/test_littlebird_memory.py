@@ -6,6 +6,9 @@ The explicit path is the one `need_weights` still takes; it is itself checked ag
 the paper's equations in test_littlebird.py.
 """
 
+import gc
+import weakref
+
 import pytest
 import torch
 from helpers.modeling import tiny_config
@@ -272,3 +275,39 @@ def test_saved_tensors_do_not_grow_with_the_window(block_size):
     # q, the context, the key and value rows (pack rows included), the logsumexp (L H) and the (H, 4) coefficients
     assert lean <= 4 * token_bytes + 2 * pack_rows * HEADS * HEAD_DIM * 4 + seq_len * HEADS * 4 + HEADS * 4 * 4
     assert explicit >= seq_len * HEADS * layout.keys_per_block * 4  # at least the softmax's output
+
+
+def test_feed_forward_recomputes_the_activation_instead_of_keeping_it():
+    """The feed-forward block keeps its pre-activation but not the activation's output (tokens, intermediate_size),
+    and its gradients equal those of the modules called plainly."""
+    torch.manual_seed(0)
+    config = tiny_config(LittleBirdConfig)
+    layer = modeling_littlebird.LittleBirdLayer(config).train()
+    tokens = torch.randn(37, config.hidden_size, requires_grad=True)
+    cotangent = torch.randn(37, config.hidden_size)
+    parameters = [tokens, *layer.intermediate.parameters(), *layer.output.parameters()]
+
+    def plain():
+        return layer.output(layer.intermediate(tokens), tokens)
+
+    def grads(run):
+        return torch.autograd.grad((run() * cotangent).sum(), parameters)
+
+    for actual, expected in zip(grads(lambda: layer.feed_forward(tokens)), grads(plain), strict=True):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+    def activation_kept(run) -> bool:
+        """Whether the activation's output outlives the forward (held by the graph for backward)."""
+        outputs = []
+        hook = layer.intermediate.intermediate_act_fn.register_forward_hook(
+            lambda module, args, output: outputs.append(weakref.ref(output))
+        )
+        output = run()
+        hook.remove()
+        gc.collect()
+        kept = outputs[0]() is not None
+        del output
+        return kept
+
+    assert activation_kept(plain)
+    assert not activation_kept(lambda: layer.feed_forward(tokens))
