@@ -15,9 +15,14 @@ SUITES = {
     "deberta": "benchmarks.deberta:build_suite",
     "littlebird": "benchmarks.littlebird:build_suite",
     "littlebird-scaling": "benchmarks.littlebird:build_scaling_suite",
+    "littlebird-train": "benchmarks.littlebird:build_train_suite",
+    "littlebird-train-scaling": "benchmarks.littlebird:build_train_scaling_suite",
 }
 # Suites that share a module but not its DEFAULT_SEQ_LENS.
-SUITE_SEQ_LENS = {"littlebird-scaling": (1024, 2048, 4096, 8192, 16384)}
+SUITE_SEQ_LENS = {
+    "littlebird-scaling": (1024, 2048, 4096, 8192, 16384),
+    "littlebird-train-scaling": (1024, 2048, 4096, 8192, 16384),
+}
 
 
 def _resolve(name: str):
