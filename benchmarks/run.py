@@ -2,6 +2,11 @@
 
     python -m benchmarks.run --model roformer [--seq-lens 128 512 2048] [--batch 1] [--repeats N] [--quick]
     python -m benchmarks.run --suite realbatch [--quick] [--families roformer deberta littlebird]
+    python -m benchmarks.run --model roformer --plot-only [--output benchmarks/results/roformer.json]
+
+Every run also plots its report next to the JSON (<suite>.png: time and peak memory per workload and length,
+benchmarks/plot.py; needs matplotlib, `pip install 'posformers[bench]'`, else one line says so); `--plot-only`
+redraws the plot of a report already written, without running anything.
 
 `--suite` names any suite (`--model roformer` and `--suite roformer` are the same run). `realbatch` (see
 benchmarks/realbatch.py) runs every model, real-data workload, mode and variant in one run and also writes
@@ -13,12 +18,13 @@ in float32. With CUDA available they run on the GPU in bfloat16.
 """
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
-from . import realbatch
-from .harness import WORKLOADS, Options, format_markdown, run_suite, write_json
+from . import plot, realbatch
+from .harness import RESULTS_DIR, WORKLOADS, Options, format_markdown, run_suite, write_json
 from .registry import SUITES, build_suite, default_seq_lens
 
 QUICK_SEQ_LENS = (128, 512)
@@ -71,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     parser.add_argument("--output", type=Path, help="JSON path (default: benchmarks/results/<model>.json)")
+    parser.add_argument(
+        "--plot-only", action="store_true", help="redraw <output>.png from the report already in --output; run nothing"
+    )
     return parser.parse_args(argv)
 
 
@@ -92,9 +101,21 @@ def run_realbatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_plot(report: dict, json_path: Path) -> None:
+    """<suite>.png beside the report's JSON, or the line saying why not."""
+    try:
+        print(f"plot: {plot.plot_suite(report, json_path.with_suffix('.png'))}")
+    except ImportError as error:
+        print(error)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.model = args.model or args.suite
+    if args.plot_only and args.model != "realbatch":
+        path = args.output or RESULTS_DIR / f"{args.model}.json"
+        write_plot(json.loads(path.read_text()), path)
+        return 0
     if args.model == "realbatch":
         return run_realbatch(args)
     if args.quick:
@@ -121,6 +142,7 @@ def main(argv=None) -> int:
     path = write_json(report, args.output)
     sys.stdout.write(format_markdown(report))
     print(f"\nJSON: {path}")
+    write_plot(report, path)
     return 0
 
 
