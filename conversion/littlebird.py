@@ -220,7 +220,18 @@ def fresh_parameters(model_class, config, seed: int) -> dict[str, torch.Tensor]:
 
 
 def load_tokenizer(source: Path, vocab: str | None, source_format: str):
-    """The teacher's tokenizer, from --vocab or the source directory; None (with a note) when there is none."""
+    """The teacher's tokenizer, from --vocab or the source directory; None (with a note) when there is none. Its
+    `model_max_length` (BERT's and RoBERTa's 512) is dropped: LittleBird has no position limit, and the teacher's
+    would truncate or warn at 512 tokens."""
+    tokenizer = _teacher_tokenizer(source, vocab, source_format)
+    if tokenizer is not None:
+        from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
+
+        tokenizer.model_max_length = VERY_LARGE_INTEGER  # what transformers writes for "no limit"
+    return tokenizer
+
+
+def _teacher_tokenizer(source: Path, vocab: str | None, source_format: str):
     from transformers import AutoTokenizer, BertTokenizer, RobertaTokenizer
 
     location = core.tokenizer_location(vocab, source)

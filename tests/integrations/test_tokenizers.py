@@ -308,6 +308,21 @@ def test_byte_level_bpe_gives_gpt2_ids(name, class_name, first, last, loaded_els
 
 
 @pytest.mark.slow
+def test_littlebird_tokenizers_have_no_length_limit(written, tmp_path):
+    """LittleBird reads any length: its tokenizers do not keep their BERT/RoBERTa teacher's 512."""
+    teacher = tmp_path / "bert-teacher"
+    shutil.copytree(VOCAB_DIR / "bert-base-uncased", teacher)
+    config = {"tokenizer_class": "BertTokenizer", "model_max_length": 512, "do_lower_case": True}  # bert-base-uncased
+    (teacher / "tokenizer_config.json").write_text(json.dumps(config))
+    assert transformers.AutoTokenizer.from_pretrained(teacher).model_max_length == 512
+    converted = write_converted(tmp_path / "converted", littlebird.load_tokenizer(teacher, None, "bert"))
+    for folder in (converted, written["littlebird-bert"], written["littlebird-roberta"]):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        assert tokenizer.model_max_length > 10**20
+        assert len(tokenizer(" ".join(ENGLISH), truncation=True)["input_ids"]) > 4000
+
+
+@pytest.mark.slow
 def test_wordpiece_tokenizers_give_bert_ids(loaded_elsewhere):
     uncased = read_vocab(VOCAB_DIR / "bert-base-uncased" / "vocab.txt")
     job = loaded_elsewhere["littlebird-bert"]
