@@ -722,6 +722,8 @@ class DisentangledSelfAttention(nn.Module):
     their own position projections.
     """
 
+    _PROJECTIONS = ("in_proj", "query_proj", "key_proj", "pos_proj", "pos_q_proj", "pos_key_proj", "pos_query_proj")
+
     def __init__(self, config: DebertaConfig):
         super().__init__()
         self.config = config
@@ -807,12 +809,7 @@ class DisentangledSelfAttention(nn.Module):
         the whole table come from the cache (they depend on weights only); otherwise only the used rows are projected.
         """
         first, count = positions.first_row, positions.num_rows
-        cache = positions.cache
-        if not self._projects_with_weights_only():
-            # Wrapped projections are recomputed, and what was cached before wrapping goes: peft's merge_and_unload
-            # adds the adapters to the weights through `.data`, which no version counter sees.
-            self.__dict__.pop("_position_cache", None)
-            cache = None
+        cache = positions.cache if self._projects_with_weights_only() else None
         if cache is None:
             rows = self.pos_dropout(rel_embeddings[first : first + count])
             return self.project_positions(rows.flip(0), rows)
@@ -833,17 +830,16 @@ class DisentangledSelfAttention(nn.Module):
         return all(
             type(module) is nn.Linear
             and not (module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__)
-            for name in (
-                "in_proj",
-                "query_proj",
-                "key_proj",
-                "pos_proj",
-                "pos_q_proj",
-                "pos_key_proj",
-                "pos_query_proj",
-            )
+            for name in self._PROJECTIONS
             if (module := getattr(self, name, None)) is not None
         )
+
+    def __setattr__(self, name, value):
+        # Replacing a projection (peft wraps it, and unwraps it after merge_and_unload has added the adapters to the
+        # weights through `.data`, which no version counter sees) drops the cached projections of the relative table.
+        if name in self._PROJECTIONS:
+            self.__dict__.pop("_position_cache", None)
+        super().__setattr__(name, value)
 
     def forward(
         self,

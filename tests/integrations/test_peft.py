@@ -84,6 +84,13 @@ def test_lora_on_every_linear_equals_its_merged_model(name, sst2):
     assert max_diff(disabled, base) <= 1e-6, "adapters switched off must give the base model, cache or not"
     assert max_diff(merged, adapted) <= 1e-5
 
+    # Loaded and merged at once after an inference pass of the base model (what it cached must not survive).
+    model = build(name)
+    with torch.no_grad():
+        model(**inputs)
+        merged_at_once = lora_everywhere(model).merge_and_unload()(**inputs).logits
+    assert max_diff(merged_at_once, adapted) <= 1e-5
+
 
 @pytest.mark.parametrize("name", THREE)
 def test_lora_steps_on_sst2_lower_the_loss_and_change_only_adapters_and_head(name, sst2):
