@@ -4,7 +4,8 @@ imported, and it gives the original tokenizer's ids on real text.
 
 The originals are written here from their papers' code, not taken from transformers or tokenizers: sentencepiece
 itself for DeBERTa v2/v3, GPT-2's byte-level BPE (openai's encoder.py) for DeBERTa v1, BERT's WordPiece
-(google-research/bert tokenization.py) for RoFormer's character models and LittleBird's BERT teachers.
+(google-research/bert tokenization.py) for RoFormer's character models and LittleBird's BERT teachers, and for the
+word-level RoFormer jieba words then WordPiece, as ZhuiyiTechnology's bert4keras tokenizer does.
 
 RoFormer's word-level Chinese models (chinese_roformer_L-12_H-768_A-12, junnyu/roformer_chinese_base) segment words
 with jieba before WordPiece. Without rjieba, AutoTokenizer refuses their folder (transformers' RoFormerTokenizer needs
@@ -106,6 +107,17 @@ def bert_ids(text: str, vocab: dict[str, int]) -> list[int]:
             pieces.append(vocab[("##" if start else "") + word[start:end]])
             start = end
         ids += pieces if len(word) <= 100 else [vocab["[UNK]"]]
+    return [*ids, vocab["[SEP]"]]
+
+
+def jieba_reference_ids(text: str, vocab: dict[str, int]) -> list[int]:
+    """ZhuiyiTechnology's RoFormer tokenizer (bert4keras with `pre_tokenize=jieba.cut(HMM=False)`): a jieba word in the
+    vocabulary is one token, any other word goes through BERT's tokenizer."""
+    import rjieba
+
+    ids = [vocab["[CLS]"]]
+    for word in rjieba.cut(text, hmm=False):
+        ids += [vocab[word]] if word in vocab else bert_ids(word, vocab)[1:-1]
     return [*ids, vocab["[SEP]"]]
 
 
@@ -345,6 +357,7 @@ def test_word_level_roformer_without_rjieba_splits_words_into_characters(loaded_
     words = 0
     for text, ids in zip(CHINESE, job["ids"]):
         jieba_ids = with_jieba(text)["input_ids"]
+        assert jieba_ids == jieba_reference_ids(text, vocab)
         as_characters = []
         for i in jieba_ids:
             token = token_of[i]
