@@ -53,7 +53,7 @@ def _littlebird_checkpointed():
     torch.manual_seed(0)
     no_dropout = {**BASE, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     model = CheckpointedLittleBird(posformers.LittleBirdConfig(**no_dropout, block_size=64, pack_length=64))
-    model.gradient_checkpointing_enable()
+    model.activation_checkpointing_enable()
     return model
 
 
@@ -151,7 +151,7 @@ def _entries(max_seq_len: int) -> dict[str, ModelEntry]:
         ModelEntry(
             "posformers-checkpointing",
             _littlebird_checkpointed,
-            "posformers.LittleBirdModel (block 64, pack 64), gradient_checkpointing_enable(), dropout 0, train mode",
+            "posformers.LittleBirdModel (block 64, pack 64), activation_checkpointing_enable(), dropout 0, train mode",
         ),
         ModelEntry("hf-bigbird", bigbird, "transformers.BigBirdModel, block_sparse, block 64, 3 random blocks"),
         ModelEntry("hf-longformer", longformer, "transformers.LongformerModel, attention_window 512"),

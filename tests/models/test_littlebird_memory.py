@@ -311,3 +311,26 @@ def test_feed_forward_recomputes_the_activation_instead_of_keeping_it():
 
     assert activation_kept(plain)
     assert not activation_kept(lambda: layer.feed_forward(tokens))
+
+
+def test_longest_trainable_input_from_measured_peaks():
+    """`python -m benchmarks.littlebird longest`: the least-squares line through the measured train peaks, solved for
+    the budget; a measured peak above the budget caps it at the longest measured length that fits."""
+    from benchmarks.littlebird import longest_trainable
+
+    def case(seq_len, **peaks):
+        return {"workload": "train", "seq_len": seq_len, "models": {k: {"peak_mem_mib": v} for k, v in peaks.items()}}
+
+    report = {
+        "models": {"lean": "", "dense": ""},
+        "results": [
+            case(1024, lean=600, dense=1000),
+            case(2048, lean=700, dense=3000),
+            case(4096, lean=900, dense=9000),
+        ],
+    }
+    longest = longest_trainable(report, budget_mib=4000)
+    assert longest["lean"]["mib_per_token"] == pytest.approx(100 / 1024)
+    assert abs(longest["lean"]["longest_tokens"] - (4000 - 500) * 1024 / 100) <= 1
+    assert longest["lean"]["extrapolated"]
+    assert longest["dense"] == {**longest["dense"], "longest_tokens": 2048, "extrapolated": False}
