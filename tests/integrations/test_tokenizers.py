@@ -43,6 +43,7 @@ CHINESE = [
     "这部电影的故事很感人，演员的表演也非常出色。",
     "中华人民共和国成立于一九四九年。",
     "他说：“明天见！”然后就离开了。",
+    "RoFormer 模型于2021年发表，用旋转位置编码（RoPE）处理长文本。",  # Latin words and digits among Chinese
 ]
 
 
