@@ -457,8 +457,8 @@ def unpack_sliding_window_attention(
 
     query_blocks = query.view(batch * n, b, heads, head_dim).transpose(1, 2)  # (B n, H, b, d_h)
     # A graph keeps every chunk's tensors anyway, and the backward of each chunk's gather would fill and add a
-    # gradient of all the keys: one chunk then.
-    chunk = batch * n if building_graph else chunk
+    # gradient of all the keys: one chunk then. An exported graph (ONNX) has one chunk too: it serves every length.
+    chunk = batch * n if building_graph or torch.compiler.is_exporting() else chunk
     contexts, all_weights = [], []
     for start in range(0, batch * n, chunk):
         blocks = slice(start, min(start + chunk, batch * n))
