@@ -235,8 +235,9 @@ def write_model_card(trainer, results: dict, **card) -> Path | None:
     if not trainer.is_world_process_zero():
         return None
     card = {key: value for key, value in card.items() if value}
-    finetuned_from = card.get("finetuned_from")
-    if finetuned_from and Path(finetuned_from).exists():
+    base = card.get("finetuned_from")
+    local_base = base if base and Path(base).exists() else None
+    if local_base:
         card.pop("finetuned_from")  # a local folder is no Hub model to link to
     card.setdefault("dataset", "custom data")
     card.setdefault("dataset_tags", _dataset_tag(card["dataset"]))
@@ -251,6 +252,8 @@ def write_model_card(trainer, results: dict, **card) -> Path | None:
     if card["dataset_tags"] != card["dataset"]:
         metadata.pop("datasets", None)  # local files: their slug is no Hub dataset to link to
     body = summary.to_model_card().split("---\n", 2)[2]  # Trainer's text without its front matter
+    if local_base:
+        body = body.replace("was trained from scratch on", f"is a fine-tuned version of `{local_base}` on", 1)
     table = results_table(results)
     extra = f"\n## Results\n\n{table}\n" if table else ""
     output_dir = Path(trainer.args.output_dir)
@@ -259,6 +262,9 @@ def write_model_card(trainer, results: dict, **card) -> Path | None:
     body = body.replace("\n## Model description", extra + "\n## Model description", 1)
     path = output_dir / "README.md"
     path.write_text(f"---\n{yaml.dump(metadata, sort_keys=False)}---\n{body}", encoding="utf-8")
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(model, "create_or_update_model_card"):  # a PEFT model adds its library, base model and version
+        model.create_or_update_model_card(str(output_dir))
     return path
 
 

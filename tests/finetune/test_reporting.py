@@ -161,3 +161,22 @@ def test_push_to_hub_uploads_the_written_card(script, tmp_path, hub_server):
     assert pushed_config["architectures"][0].endswith(
         "ForTokenClassification" if script == "ner" else "ForMultipleChoice"
     )
+
+
+def test_a_lora_run_card_keeps_peft_metadata_and_the_model_index(tmp_path):
+    # A local base model (not a Hub id): the card names it in the text, PEFT adds library_name and base_model
+    main, args = glue_args(tmp_path)
+    main([*args, *QUIET, "--output_dir", str(tmp_path / "base"), "--do_train", "--max_steps", "1"])
+    data = args[args.index("--task_name") :]
+    lora = ["--lora_r", "4", "--lora_target_modules", "all-linear"]
+    out = tmp_path / "lora"
+    results = main(["--model_name_or_path", str(tmp_path / "base"), *data, *QUIET, *lora, "--output_dir", str(out),
+                    "--do_train", "--do_eval", "--max_steps", "2"])  # fmt: skip
+    assert (out / "adapter_model.safetensors").is_file()
+    metadata, body = front_matter(out / "README.md")
+    assert metadata["library_name"] == "peft" and metadata["base_model"] == str(tmp_path / "base")
+    (result,) = metadata["model-index"][0]["results"]
+    assert result["metrics"] == [
+        {"type": "accuracy", "value": pytest.approx(results["eval_accuracy"]), "name": "Accuracy"}
+    ]
+    assert f"This model is a fine-tuned version of `{tmp_path / 'base'}` on the GLUE SST2 dataset." in body
