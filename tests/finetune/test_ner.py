@@ -289,6 +289,17 @@ def test_a_fine_tuned_checkpoint_keeps_its_tag_order_and_refuses_other_tags(trai
     assert AutoConfig.from_pretrained(tmp_path / "new-head").id2label == {0: "B-GPE", 1: "O"}
 
 
+def test_overall_scores_only(trained, tmp_path):
+    model = ["--model_name_or_path", str(trained[0])]
+    data = ["--validation_file", str(CONLL / "valid.txt"), "--max_eval_samples", "8", "--do_eval"]
+    metrics = ner_main(tmp_path / "out", *data, "--return_entity_level_metrics", "False", model=model)
+    assert {key for key in metrics if key.endswith(("_f1", "_precision", "_recall"))} == {
+        "eval_f1",
+        "eval_precision",
+        "eval_recall",
+    }
+
+
 def test_json_lines_and_a_json_list_with_string_tags(tmp_path):
     sentences = read_conll(CONLL / "train.txt")[:16]
     records = [{"tokens": s["tokens"], "ner_tags": s["ner_tags"]} for s in sentences]
