@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/python -m posformers.demo
 
 # BERT teacher -> posformers-convert littlebird -> distillation -> RSS -> long-document QA, held-out numbers in
-# demo_output/littlebird-recipe/summary.md (finetune/littlebird_recipe.py; about 10 minutes on two CPU cores)
+# demo_output/littlebird-recipe/summary.md (finetune/littlebird_recipe.py; about 7 minutes on a quiet 2-core machine)
 littlebird-recipe: $(STAMP)
 	$(BIN)/posformers-littlebird-recipe --output_dir demo_output/littlebird-recipe
 

@@ -18,22 +18,27 @@ through the scripts' public command lines (each script's `main([...])`), on real
                  trained on the questions of some articles, scored on the questions of other articles -> EM / F1
 
     posformers-littlebird-recipe [--output_dir demo_output/littlebird-recipe] [--size full|toy] [--seed 0] [--threads 1]
-        [--overwrite_output_dir]
+        [--overwrite_output_dir] [--global_prefix_experiment]
+
+--global_prefix_experiment adds two stages, 6-rss-prefix-off and 7-rss-prefix-on: the RSS stage again, from the
+distilled student, on question-first passages (`question_first_passages`) with LittleBirdConfig.global_prefix_length
+1 (the paper's behaviour) and block_size (the whole first block distance-free), scored on held-out ones.
 
 Held out everywhere: the SQuAD articles HELD_OUT_ARTICLES (their paragraphs are the held-out pre-training text with
 the SST-2 dev sentences; their questions are the QA evaluation), never seen in any training stage.
 
 Output folder: one folder per stage (1-teacher, 2-convert, 3-distill, 4-rss, 5-qa; each a normal output folder of
 its script, a model that the next stage and the Auto classes load), data/ (the text and QA files the stages read),
-and summary.md / summary.json (every stage's held-out numbers and wall time), rewritten after each stage. A stage
-that finished (its folder holds recipe_stage.json) is skipped when the recipe is run again, so an interrupted run
-resumes at the stage it was in. The recipe writes only into a folder it made itself (it leaves a
+and summary.md / summary.json (every stage's held-out numbers, wall time and CPU time), rewritten after each stage.
+A stage that finished (its folder holds recipe_stage.json) is skipped when the recipe is run again, so an
+interrupted run resumes at the stage it was in. The recipe writes only into a folder it made itself (it leaves a
 .posformers-littlebird-recipe marker): a non-empty folder without the marker is refused unless
 --overwrite_output_dir, which also reruns every stage.
 
-Sizes are presets (RECIPE_SIZES): `full`, about 10 minutes on two CPU cores, and `toy`, seconds, for the tests. A
-tiny model trained for minutes is a smoke test of the recipe, not a quality claim: README.md, "The LittleBird recipe",
-says what each number means and what this machine measured.
+Sizes are presets (RECIPE_SIZES): `full`, about 6 minutes of CPU time with one thread (so about 7 minutes of wall
+time on a quiet 2-core machine), and `toy`, seconds, for the tests. A tiny model trained for minutes is a smoke test
+of the recipe, not a quality claim: README.md, "The LittleBird recipe", says what each number means and what this
+machine measured.
 """
 
 from __future__ import annotations
