@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers import python_env, sample_log
 from helpers.pretrain_corpus import TINY, write_corpus
@@ -176,44 +175,14 @@ def test_no_split_modules_name_the_layer_class_fsdp_wraps(model_class, config):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def littlebird_ddp_steps(rank: int, init_file: str, result_dir: str, old_last_layer: bool) -> None:
-    """One of 2 gloo processes: two MLM training steps of a tiny LittleBird under DistributedDataParallel without
-    unused-parameter detection; writes rank<R>.txt with "ok" or the error."""
-    import torch.distributed as dist
-    from helpers.modeling import make_batch, tiny_config
-    from torch.nn.parallel import DistributedDataParallel
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=PROCESSES)
-    try:
-        torch.manual_seed(0)
-        model = posformers.LittleBirdForMaskedLM(tiny_config(posformers.LittleBirdConfig)).train()
-        if old_last_layer:  # the model before issue 14: the last layer updates the pack states nobody reads
-            last = model.littlebird.encoder.layer[-1].pack_attention
-            last.LayerNorm = torch.nn.LayerNorm(model.config.hidden_size, eps=model.config.layer_norm_eps)
-        ddp = DistributedDataParallel(model, find_unused_parameters=False)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        for step in range(2):
-            input_ids, attention_mask, token_type_ids = make_batch(seed=10 * rank + step)
-            labels = input_ids.masked_fill(attention_mask == 0, -100)
-            ddp(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, labels=labels).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        outcome = "ok " + sample_log.weights_digest(model)
-    except RuntimeError as error:
-        outcome = f"error: {error}"
-    finally:
-        dist.destroy_process_group()
-    (Path(result_dir) / f"rank{rank}.txt").write_text(outcome)
-
-
 @pytest.mark.parametrize("old_last_layer", [False, True], ids=["littlebird", "with-the-old-last-pack-layernorm"])
 def test_littlebird_trains_under_ddp_without_unused_parameter_detection(old_last_layer, tmp_path):
     import torch.multiprocessing as mp
+    from helpers.littlebird_ddp import two_training_steps
 
     mp.spawn(
-        littlebird_ddp_steps,
-        args=(str(tmp_path / "init"), str(tmp_path), old_last_layer),
+        two_training_steps,
+        args=(PROCESSES, str(tmp_path / "init"), str(tmp_path), old_last_layer),
         nprocs=PROCESSES,
         join=True,
     )
