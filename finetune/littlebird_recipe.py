@@ -30,8 +30,9 @@ the SST-2 dev sentences; their questions are the QA evaluation), never seen in a
 Output folder: one folder per stage (1-teacher, 2-convert, 3-distill, 4-rss, 5-qa; each a normal output folder of
 its script, a model that the next stage and the Auto classes load), data/ (the text and QA files the stages read),
 and summary.md / summary.json (every stage's held-out numbers, wall time and CPU time), rewritten after each stage.
-A stage that finished (its folder holds recipe_stage.json) is skipped when the recipe is run again, so an
-interrupted run resumes at the stage it was in. The recipe writes only into a folder it made itself (it leaves a
+A stage that finished (its folder holds recipe_stage.json, of a run with the same --size and --seed) is skipped
+when the recipe is run again, so an interrupted run resumes at the stage it was in; the stages after one that runs
+run again too. The recipe writes only into a folder it made itself (it leaves a
 .posformers-littlebird-recipe marker): a non-empty folder without the marker is refused unless
 --overwrite_output_dir, which also reruns every stage.
 
@@ -594,16 +595,21 @@ def main(argv: list[str] | None = None) -> dict | None:
     recipe.data.mkdir(exist_ok=True)
     recipe.text = write_pretraining_text(recipe.data, recipe.size)
     records: dict = {}
+    this_run = {"size": args.size, "seed": args.seed}
+    rerun = False  # once a stage runs, every stage after it runs too: it starts from the stages before it
     for stage in STAGES + (PREFIX_STAGES if args.global_prefix_experiment else ()):
         record_path = recipe.folder(stage) / STAGE_RECORD
-        if record_path.is_file():
-            records[stage] = json.loads(record_path.read_text(encoding="utf-8"))
+        record = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else None
+        if not rerun and record is not None and record.get("run") == this_run:
+            records[stage] = record
             print(f"== {stage}: finished in an earlier run, skipped ({record_path})", flush=True)
             continue
+        rerun = True
         print(f"== {stage_number(stage)}. {stage} ==", flush=True)
         start, cpu_start = time.perf_counter(), time.process_time()
         metrics = getattr(recipe, stage.replace("-", "_"))()
         records[stage] = {
+            "run": this_run,
             "seconds": round(time.perf_counter() - start, 1),
             # the wall time on a quiet machine with --threads 1 is about this; on a busy one `seconds` is larger
             "cpu_seconds": round(time.process_time() - cpu_start, 1),

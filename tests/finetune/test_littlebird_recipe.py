@@ -196,20 +196,22 @@ def test_the_student_is_converted_from_the_teacher_and_each_stage_starts_from_th
     assert (qa_config["question_token_id"], qa_config["qa_head"]) == (question, "span_selection")
 
 
-def test_a_rerun_skips_finished_stages_and_reruns_an_unfinished_one(finished, tmp_path):
+def test_a_rerun_skips_finished_stages_and_reruns_an_unfinished_one_and_those_after_it(finished, tmp_path):
     output_dir, summary = finished
     before = stage_weights(output_dir)
     assert run(output_dir) == summary
     assert stage_weights(output_dir) == before
-    # the last stage was interrupted: it alone runs again
-    last = recipe.STAGES[-1]
-    (output_dir / f"{len(recipe.STAGES)}-{last}" / recipe.STAGE_RECORD).unlink()
+    # RSS was interrupted: it runs again, and so does QA, which starts from its model
+    (output_dir / f"{recipe.stage_number('rss')}-rss" / recipe.STAGE_RECORD).unlink()
     rerun = run(output_dir)
     after = stage_weights(output_dir)
-    assert {stage for stage in recipe.STAGES if after[stage] != before[stage]} == {last}
-    assert {stage: rerun["stages"][stage] for stage in recipe.STAGES[:-1]} == {
-        stage: summary["stages"][stage] for stage in recipe.STAGES[:-1]
-    }
+    assert {stage for stage in recipe.STAGES if after[stage] != before[stage]} == {"rss", "qa"}
+    kept = ("teacher", "convert", "distill")
+    assert {stage: rerun["stages"][stage] for stage in kept} == {stage: summary["stages"][stage] for stage in kept}
+    # a record of another --seed is not this run's: everything runs again
+    rerun = run(output_dir, "--seed", "1")
+    assert all(stage_weights(output_dir)[stage] != after[stage] for stage in recipe.STAGES)
+    assert {record["run"]["seed"] for record in rerun["stages"].values()} == {1}
 
 
 def test_refuses_a_folder_it_did_not_make_unless_told_to_overwrite(tmp_path):
@@ -226,7 +228,8 @@ def test_refuses_a_folder_it_did_not_make_unless_told_to_overwrite(tmp_path):
 def test_global_prefix_experiment_trains_rss_without_and_with_a_global_first_block(finished):
     output_dir, _ = finished
     before = stage_weights(output_dir)
-    with_prefix = run(output_dir, "--global_prefix_experiment")
+    seed = results(output_dir / "summary.json")["seed"]  # the recipe's stages of that run are reused
+    with_prefix = run(output_dir, "--seed", str(seed), "--global_prefix_experiment")
     assert stage_weights(output_dir) == before  # the recipe's stages are reused
     assert list(with_prefix["stages"]) == [*recipe.STAGES, *recipe.PREFIX_STAGES]
     block_size = recipe.RECIPE_SIZES["toy"].block_size
