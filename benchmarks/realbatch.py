@@ -586,13 +586,19 @@ def _workload_plans(features: list[Feature], spec: WorkloadSpec, token_types: bo
     return {name: grouped_plan if name == "transformers-grouped" else random_plan for name in VARIANTS}
 
 
+def wordpiece_tokenizer() -> BertTokenizerFast:
+    """bert-base-uncased's WordPiece from tests/data. `vocab=`, not `vocab_file=`: transformers 5 ignores `vocab_file`
+    and builds a 5-token vocabulary that maps every word to [UNK]."""
+    return BertTokenizerFast(vocab=str(VOCAB), do_lower_case=True)
+
+
 def run_realbatch(options: Options, on_cell: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run every cell; `on_cell(report)` after each one, so a run that dies leaves the cells it finished."""
     device, dtype = torch.device("cpu"), torch.float32
     threads = options.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     started = time.perf_counter()
-    tokenizer = BertTokenizerFast(vocab_file=str(VOCAB), do_lower_case=True)
+    tokenizer = wordpiece_tokenizer()
     specs = options.specs()
     features = {name: read_workload(spec, tokenizer) for name, spec in specs.items()}
     report: dict[str, Any] = {

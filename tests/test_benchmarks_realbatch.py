@@ -85,3 +85,13 @@ def test_the_command_line_takes_the_suite_and_the_model_suites():
     assert run.parse_args(["--suite", "deberta"]).suite == "deberta"
     with pytest.raises(SystemExit):
         run.parse_args(["--model", "roformer", "--suite", "realbatch"])
+
+
+def test_the_workloads_are_tokenized_into_real_wordpieces():
+    """The real-text workloads are bert-base-uncased WordPieces, not a run of [UNK] (one per word) that a tokenizer
+    built from `vocab_file=` gives in transformers 5."""
+    tokenizer = realbatch.wordpiece_tokenizer()
+    assert len(tokenizer) == 30522
+    ids = tokenizer("The Panthers' defense was unbelievable.")["input_ids"]
+    assert tokenizer.unk_token_id not in ids
+    assert tokenizer.convert_ids_to_tokens(ids)[1:4] == ["the", "panthers", "'"]
