@@ -449,10 +449,12 @@ def write_output(
     dtype: str = "float32",
     max_shard_size: str | int = "5GB",
     push_to_hub: str | None = None,
+    extras: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Save `model` (safetensors, sharded above `max_shard_size`, with its remote-code files), `tokenizer` and a model
-    card into `output_dir`, atomically: everything goes into a temporary sibling directory that is renamed at the end,
-    so a failure never leaves a partial output. Then push the directory to `push_to_hub` (a repo id) if given.
+    """Save `model` (safetensors, sharded above `max_shard_size`, with its remote-code files), `tokenizer`, what
+    `extras(folder)` writes and a model card into `output_dir`, atomically: everything goes into a temporary sibling
+    directory that is renamed at the end, so a failure never leaves a partial output. Then push the directory to
+    `push_to_hub` (a repo id) if given.
     """
     output_dir = check_output_dir(output_dir, overwrite).resolve()
     output_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -462,6 +464,8 @@ def write_output(
         model.save_pretrained(staging, max_shard_size=max_shard_size)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
+        if extras is not None:
+            extras(staging)
         (staging / "README.md").write_text(conversion_card(model, info, push_to_hub), encoding="utf-8")
         _replace_dir(staging, output_dir)
     except BaseException:
@@ -524,6 +528,9 @@ class Source(ABC):
                               compare `model` with the reference implementation (`compare_outputs`); --no-verify skips
         tokenizer()           the tokenizer to save beside the model, or None
         describe() -> str     where the weights came from, for the model card
+        write_extras(model, folder)
+                              files to write next to the saved model and tokenizer (before the card), e.g.
+                              sentence-transformers modules; the default writes none
 
     `help` (class attribute) is the format's entry in `--from`'s help; `notes` collects lines for the model card.
     """
@@ -556,6 +563,9 @@ class Source(ABC):
     @abstractmethod
     def describe(self) -> str: ...
 
+    def write_extras(self, model, folder: Path) -> None:
+        return None
+
 
 def run_conversion(source: Source, args: argparse.Namespace) -> int:
     """Convert `source` into `args.output` (and push it): load, map with strict accounting, check the shapes against
@@ -584,5 +594,6 @@ def run_conversion(source: Source, args: argparse.Namespace) -> int:
         tokenizer=tokenizer,
         dtype=args.dtype,
         push_to_hub=args.push_to_hub,
+        extras=lambda folder: source.write_extras(model, folder),
     )
     return 0

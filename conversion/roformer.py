@@ -140,6 +140,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--vocab", help="vocab.txt (or a directory holding it) for the tokenizer (default: the one next to the source)"
     )
     parser.add_argument("--no-tokenizer", action="store_true", help="write the model only, no tokenizer files")
+    parser.add_argument(
+        "--sentence-transformers",
+        action="store_true",
+        help="also write sentence-transformers modules ([CLS] -> pooler -> normalise; RoFormer-sim's sentence vector) "
+        "so that SentenceTransformer(OUTPUT) loads it; needs a pooler and the [st] extra",
+    )
 
 
 def read_config_overrides(value: str | None) -> dict:
@@ -510,6 +516,12 @@ class RoFormerSource(Source):
 
     def __init__(self, args):
         super().__init__(args)
+        if args.sentence_transformers and args.push_to_hub:
+            # push_output re-saves and uploads the model and tokenizer only
+            raise ConversionError(
+                "--sentence-transformers cannot be combined with --push-to-hub: convert, then upload the whole "
+                "output folder (huggingface_hub's upload_folder)"
+            )
         self.folder = self.path  # where vocab.txt is looked for
         self.has_pooler = False
         self.pooler: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -546,6 +558,15 @@ class RoFormerSource(Source):
 
     def verify(self, model) -> dict[str, float]:
         return compare_models(model, self.reference(model), pooler=self.pooler)
+
+    def write_extras(self, model, folder: Path) -> None:
+        if not self.args.sentence_transformers:
+            return
+        if not self.has_pooler or not model.config.add_pooling_layer:
+            raise ConversionError("--sentence-transformers needs a pooler (RoFormer-sim); the converted model has none")
+        from posformers.conversion.st_modules import write_pooler_modules
+
+        log(f"sentence-transformers modules: {', '.join(write_pooler_modules(folder))}")
 
     def tokenizer(self):
         if self.args.no_tokenizer:
