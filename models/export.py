@@ -30,6 +30,7 @@ checked with onnxruntime (when installed) against PyTorch on padded inputs at an
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -69,6 +70,8 @@ def _posformers_class(config: PretrainedConfig, source) -> type[PreTrainedModel]
 
 def load_for_export(source: str | Path) -> PreTrainedModel:
     """The posformers model saved in `source` (a folder or Hub id), as its `config.architectures` names it."""
+    if not Path(source).exists() and (os.sep in str(source) or str(source).startswith(".")):
+        raise ValueError(f"model: {source}: no such folder")
     config = AutoConfig.from_pretrained(source)
     return _posformers_class(config, source).from_pretrained(source).eval()
 
