@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 
+import posformers
+
 ONNX_FILE = "model.onnx"
 # Files a model folder's tokenizer may consist of; those present are copied next to the graph.
 TOKENIZER_FILES = (
@@ -56,8 +58,6 @@ DEFAULT_ATOL = 1e-4
 
 
 def _posformers_class(config: PretrainedConfig, source) -> type[PreTrainedModel]:
-    import posformers
-
     architectures = config.architectures or []
     model_class = getattr(posformers, architectures[0], None) if architectures else None
     if not (isinstance(model_class, type) and issubclass(model_class, PreTrainedModel)):
@@ -136,8 +136,6 @@ def tensor_outputs(model: PreTrainedModel, inputs: dict[str, torch.Tensor]) -> d
 
 
 def _check_exportable(model: PreTrainedModel) -> None:
-    import posformers
-
     if not isinstance(model, (posformers.RoFormerPreTrainedModel, posformers.DebertaPreTrainedModel,
                               posformers.LittleBirdPreTrainedModel)):  # fmt: skip
         raise ValueError(f"model must be a posformers model, got {type(model).__name__}")
