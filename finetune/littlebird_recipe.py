@@ -313,8 +313,10 @@ def first_evaluation(output_dir: Path, key: str) -> float:
 class Recipe:
     """One run of the recipe in `output_dir`; each stage method returns its held-out metrics."""
 
-    def __init__(self, output_dir: Path, size: RecipeSize, seed: int, overwrite: bool):
+    def __init__(self, output_dir: Path, size: RecipeSize, seed: int, overwrite: bool, question_first_length=None):
         self.output_dir, self.size, self.seed, self.overwrite = output_dir, size, seed, overwrite
+        # passage length of the global-prefix experiment (default: the RSS stage's)
+        self.question_first_length = question_first_length or size.rss_seq_length
         self.data = output_dir / "data"
         self.text: dict[str, Path] = {}
 
@@ -416,19 +418,20 @@ class Recipe:
         train_articles, held_out = load_articles()
         files = {}
         for split, articles in (("train", train_articles), ("validation", held_out)):
-            passages = question_first_passages(articles, tokenizer, self.size.rss_seq_length)
+            passages = question_first_passages(articles, tokenizer, self.question_first_length)
             files[split] = write_lines(self.data / f"question_first_{split}.txt", passages)
         metrics = run_pretrain.main(
             [
                 "--objective", "rss", "--model_name_or_path", str(self.folder("distill")),
                 "--config_overrides", f"global_prefix_length={global_prefix_length}",
                 "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
-                "--max_seq_length", str(self.size.rss_seq_length),
+                "--max_seq_length", str(self.question_first_length),
                 *self.training("rss"), "--do_eval", "--eval_on_start", *self.common(stage),
             ]
         )  # fmt: skip
         return {
             "global_prefix_length": global_prefix_length,
+            "passage_length": self.question_first_length,
             "span_loss_before": first_evaluation(self.folder(stage), "eval_loss"),
             "span_loss": metrics["eval_loss"],
             "exact_match": metrics["eval_exact_match"],
@@ -494,12 +497,12 @@ ROWS = {
     ),
     "rss-prefix-off": (
         "RSS on question-first passages, global_prefix_length {global_prefix_length} (off)",
-        "question-first passages of the held-out articles",
+        "question-first passages of {passage_length} tokens from the held-out articles",
         "span-selection loss {span_loss_before:.3f} -> {span_loss:.3f}, exact match {exact_match:.1%}",
     ),
     "rss-prefix-on": (
         "RSS on question-first passages, global_prefix_length {global_prefix_length} (one block)",
-        "question-first passages of the held-out articles",
+        "question-first passages of {passage_length} tokens from the held-out articles",
         "span-selection loss {span_loss_before:.3f} -> {span_loss:.3f}, exact match {exact_match:.1%}",
     ),
     "qa": (
@@ -579,9 +582,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also train the RSS stage on question-first passages with global_prefix_length 1 and block_size",
     )
+    parser.add_argument(
+        "--question_first_length",
+        type=int,
+        help="token length of the question-first passages (default: the RSS stage's --size length)",
+    )
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
+    if args.question_first_length is not None and args.question_first_length < 16:
+        parser.error(f"--question_first_length must be at least 16, got {args.question_first_length}")
     return args
 
 
@@ -591,7 +601,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     # Small models: a second intra-op thread gains little, and on a busy machine it spin-waits (models/demo.py).
     torch.set_num_threads(args.threads)
     prepare_output_dir(args.output_dir, args.overwrite_output_dir)
-    recipe = Recipe(args.output_dir, RECIPE_SIZES[args.size], args.seed, args.overwrite_output_dir)
+    recipe = Recipe(
+        args.output_dir, RECIPE_SIZES[args.size], args.seed, args.overwrite_output_dir, args.question_first_length
+    )
     recipe.data.mkdir(exist_ok=True)
     recipe.text = write_pretraining_text(recipe.data, recipe.size)
     records: dict = {}
@@ -600,7 +612,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     for stage in STAGES + (PREFIX_STAGES if args.global_prefix_experiment else ()):
         record_path = recipe.folder(stage) / STAGE_RECORD
         record = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else None
-        if not rerun and record is not None and record.get("run") == this_run:
+        finished = record is not None and record.get("run") == this_run
+        if stage in PREFIX_STAGES and finished:  # and with passages of the length asked for
+            finished = record["metrics"]["passage_length"] == recipe.question_first_length
+        if not rerun and finished:
             records[stage] = record
             print(f"== {stage}: finished in an earlier run, skipped ({record_path})", flush=True)
             continue

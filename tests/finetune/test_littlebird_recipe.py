@@ -229,7 +229,7 @@ def test_global_prefix_experiment_trains_rss_without_and_with_a_global_first_blo
     output_dir, _ = finished
     before = stage_weights(output_dir)
     seed = results(output_dir / "summary.json")["seed"]  # the recipe's stages of that run are reused
-    with_prefix = run(output_dir, "--seed", str(seed), "--global_prefix_experiment")
+    with_prefix = run(output_dir, "--seed", str(seed), "--global_prefix_experiment", "--question_first_length", "96")
     assert stage_weights(output_dir) == before  # the recipe's stages are reused
     assert list(with_prefix["stages"]) == [*recipe.STAGES, *recipe.PREFIX_STAGES]
     block_size = recipe.RECIPE_SIZES["toy"].block_size
@@ -237,10 +237,14 @@ def test_global_prefix_experiment_trains_rss_without_and_with_a_global_first_blo
         folder = output_dir / f"{recipe.stage_number(stage)}-{stage}"
         assert results(folder / "config.json")["global_prefix_length"] == prefix
         metrics = with_prefix["stages"][stage]["metrics"]
-        assert metrics["global_prefix_length"] == prefix
+        assert (metrics["global_prefix_length"], metrics["passage_length"]) == (prefix, 96)
         assert metrics["span_loss"] == results(folder / "eval_results.json")["eval_loss"]
     table = (output_dir / "summary.md").read_text(encoding="utf-8")
     assert f"global_prefix_length {block_size} (one block)" in table
+    assert "question-first passages of 96 tokens" in table
+    tokenizer = AutoTokenizer.from_pretrained(output_dir / "3-distill")
+    passages = (output_dir / "data" / "question_first_validation.txt").read_text(encoding="utf-8").splitlines()
+    assert passages and all(len(tokenizer.tokenize(passage)) == 93 for passage in passages)
 
 
 def test_overwrite_output_dir_reruns_every_stage(finished):
