@@ -309,8 +309,14 @@ class LeanUnpackSlidingWindow(torch.autograd.Function):
         b = layout.block_size
         total_blocks = batch * layout.num_blocks
         seed = int(torch.randint(2**62, ())) if dropout > 0 else 0
-        # Without dropout on CPU, torch's fused kernel (what SDPA runs) also returns the logsumexp.
-        fused = dropout == 0 and query.device.type == "cpu"
+        # Without dropout on CPU, torch's fused kernel (what SDPA runs) also returns the logsumexp. The public
+        # F.scaled_dot_product_attention does not return it, and the backward needs it, hence the private aten op
+        # (checked for, so a torch without it takes the explicit products).
+        fused = (
+            dropout == 0
+            and query.device.type == "cpu"
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+        )
         query_blocks = query.view(total_blocks, b, heads, head_dim).transpose(1, 2)  # (B n, H, b, d_h)
         context = query.new_empty(query.shape)
         context_blocks = context.view(total_blocks, b, heads, head_dim)
