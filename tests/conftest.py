@@ -17,3 +17,14 @@ def hub_server():
     """A local Hub-compatible server (helpers/hub_server.py) on 127.0.0.1; its files go with it at the end."""
     with HubServer() as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _restore_transformers_verbosity():
+    """Scripts run in-process (`main([...])`) set transformers' log level from their arguments and keep it: restore it
+    after each test, so a later test that captures a logged warning does not depend on which tests ran before."""
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    yield
+    logging.set_verbosity(verbosity)
