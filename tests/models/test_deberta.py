@@ -1020,6 +1020,7 @@ def test_what_the_official_code_ignores_is_accepted(tmp_path):
     the official code ignores it, with a logged note; pos_att_type "none" names no position term."""
     logger = transformers.utils.logging.get_logger("posformers.deberta.configuration_deberta")
     transformers.utils.logging.set_verbosity_warning()  # whatever an earlier test left (tests/conftest.py restores)
+    logger.disabled = False  # a library's logging.config.dictConfig (run by an earlier test) disables existing loggers
     with CaptureLogger(logger) as captured:
         config = tiny_config(DebertaConfig, relative_attention=False, position_buckets=256, pos_att_type="none")
     assert (config.position_buckets, config.pos_att_type) == (-1, [])
