@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,12 +181,18 @@ def test_littlebird_trains_under_ddp_without_unused_parameter_detection(old_last
     import torch.multiprocessing as mp
     from helpers.littlebird_ddp import two_training_steps
 
-    mp.spawn(
+    processes = mp.start_processes(
         two_training_steps,
         args=(PROCESSES, str(tmp_path / "init"), str(tmp_path), old_last_layer),
         nprocs=PROCESSES,
-        join=True,
+        join=False,
     )
+    deadline = time.monotonic() + 300
+    while not processes.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in processes.processes:
+                process.kill()
+            pytest.fail("the two DDP processes did not finish within 300 s (killed)")
     outcomes = [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(PROCESSES)]
     if old_last_layer:
         assert all("find_unused_parameters" in outcome for outcome in outcomes), outcomes
