@@ -123,10 +123,13 @@ def check_span_selection_fields(config: PreTrainedConfig) -> None:
 
 
 def check_pad_token_id(config: PreTrainedConfig) -> None:
-    """`config.pad_token_id` must be None or a row of the word embeddings."""
-    if config.pad_token_id is not None and not 0 <= config.pad_token_id < config.vocab_size:
+    """`config.pad_token_id` must be None or a row of the word embeddings (an integer, not a bool)."""
+    token = config.pad_token_id
+    if token is not None and (
+        isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < config.vocab_size
+    ):
         raise ValueError(
-            f"{type(config).__name__}.pad_token_id ({config.pad_token_id}) must be in "
+            f"{type(config).__name__}.pad_token_id ({token!r}) must be None or an integer in "
             f"[0, vocab_size={config.vocab_size})"
         )
 
