@@ -47,6 +47,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import ModelOutput, is_torchdynamo_compiling, logging
 
 from .configuration_deberta import DebertaConfig, parse_norm_rel_ebd
+from .loading_deberta import check_loaded_dtypes, explain_load_error
 
 logger = logging.get_logger(__name__)
 
@@ -1126,6 +1127,22 @@ class DebertaPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     # Official checkpoints carry the absolute position table (used by the EMD only) and the pre-training heads.
     _keys_to_ignore_on_load_unexpected = [r"position_embeddings", r"^lm_predictions\.", r"^mask_predictions\."]
+
+    # Copied from posformers.roformer.modeling_roformer.RoFormerPreTrainedModel.from_pretrained
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' `from_pretrained`; weights that are not what they claim (a truncated or corrupted safetensors
+        file, a shard index naming a missing shard, a tensor of the wrong shape or dtype, a pickle that would run code)
+        end in one `CheckpointError` (an OSError) naming the file and the problem, not in a traceback from inside
+        safetensors or torch."""
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            if (problem := explain_load_error(cls, pretrained_model_name_or_path, kwargs, error)) is None:
+                raise
+            raise problem from None
+        check_loaded_dtypes(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path, kwargs)
+        return loaded
 
     @torch.no_grad()
     def _init_weights(self, module):

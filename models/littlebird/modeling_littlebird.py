@@ -50,6 +50,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import is_torchdynamo_compiling
 
 from .configuration_littlebird import LittleBirdConfig
+from .loading_littlebird import check_loaded_dtypes, explain_load_error
 
 # Every query block attends exactly this many key blocks [paper, Figure 2].
 WINDOW_BLOCKS = 4
@@ -1207,6 +1208,22 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
     # Checkpoints saved before the last layer lost its pack LayerNorm (its output fed nothing) hold that LayerNorm:
     # loading ignores it. Every other layer still has one, so only the last layer's can be unexpected.
     _keys_to_ignore_on_load_unexpected = [r"encoder\.layer\.\d+\.pack_attention\.LayerNorm\.(weight|bias)$"]
+
+    # Copied from posformers.roformer.modeling_roformer.RoFormerPreTrainedModel.from_pretrained
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' `from_pretrained`; weights that are not what they claim (a truncated or corrupted safetensors
+        file, a shard index naming a missing shard, a tensor of the wrong shape or dtype, a pickle that would run code)
+        end in one `CheckpointError` (an OSError) naming the file and the problem, not in a traceback from inside
+        safetensors or torch."""
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            if (problem := explain_load_error(cls, pretrained_model_name_or_path, kwargs, error)) is None:
+                raise
+            raise problem from None
+        check_loaded_dtypes(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path, kwargs)
+        return loaded
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -37,6 +37,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_roformer import RoFormerConfig
+from .loading_roformer import check_loaded_dtypes, explain_load_error
 
 logger = logging.get_logger(__name__)
 
@@ -894,6 +895,21 @@ class RoFormerPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     # transformers' RoFormer saves its frozen sinusoidal table; ours is computed, so the saved one is ignored.
     _keys_to_ignore_on_load_unexpected = [r"embed_positions\.weight"]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' `from_pretrained`; weights that are not what they claim (a truncated or corrupted safetensors
+        file, a shard index naming a missing shard, a tensor of the wrong shape or dtype, a pickle that would run code)
+        end in one `CheckpointError` (an OSError) naming the file and the problem, not in a traceback from inside
+        safetensors or torch."""
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            if (problem := explain_load_error(cls, pretrained_model_name_or_path, kwargs, error)) is None:
+                raise
+            raise problem from None
+        check_loaded_dtypes(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path, kwargs)
+        return loaded
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -1,0 +1,228 @@
+"""One-line errors for weight files that are not what they claim, around transformers' `from_pretrained`.
+
+transformers loads the weights; nothing here loads them again. When loading fails, `explain_load_error` looks at the
+checkpoint's files (the local folder, or the Hub files already in the cache) and, if it finds the cause, returns a
+`CheckpointError` whose message names the file and the problem: a truncated or corrupted safetensors file, a shard
+index that is not JSON or names a missing shard, a tensor of the wrong shape, a pickle that would run code. After a
+load, `check_loaded_dtypes` refuses a floating-point weight stored as integers or booleans, which transformers would
+silently cast. Only safetensors headers are read (the 8-byte length and the JSON after it), never tensor data.
+
+This file imports only torch and transformers, like the modeling file that uses it: `save_pretrained` copies it
+beside the weights for `trust_remote_code` users.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import struct
+
+import torch
+from transformers.utils import cached_file
+
+SAFETENSORS_WEIGHTS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_WEIGHTS = "pytorch_model.bin"
+PICKLE_INDEX = "pytorch_model.bin.index.json"
+# safetensors' names of the floating-point dtypes (https://github.com/huggingface/safetensors, "Format").
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"})
+# A safetensors header above this is refused by the library itself ("header too large").
+MAX_HEADER_BYTES = 100_000_000
+# The keyword arguments of `from_pretrained` that say where its files are.
+_LOCATION_KWARGS = ("cache_dir", "revision", "subfolder", "token")
+
+
+# Copied from posformers.roformer.loading_roformer.CheckpointError
+class CheckpointError(OSError):
+    """A weight file that is not what it claims; the message names the file and the problem."""
+
+
+# Copied from posformers.roformer.loading_roformer.local_file
+def local_file(name_or_path, filename: str, kwargs: dict) -> str | None:
+    """`filename` of a checkpoint folder or Hub repo, if it is on this machine (the folder, or the Hub cache)."""
+    name_or_path = str(name_or_path)
+    if os.path.isdir(name_or_path):
+        path = os.path.join(name_or_path, kwargs.get("subfolder") or "", filename)
+        return path if os.path.isfile(path) else None
+    try:
+        location = {key: kwargs[key] for key in _LOCATION_KWARGS if kwargs.get(key) is not None}
+        return cached_file(name_or_path, filename, local_files_only=True, **location)
+    except Exception:  # not in the cache, or not a repo id: there is nothing local to look at
+        return None
+
+
+# Copied from posformers.roformer.loading_roformer.weight_files
+def weight_files(name_or_path, kwargs: dict) -> list[str]:
+    """The local weight files transformers loads for `name_or_path` (safetensors first, as transformers prefers).
+
+    A shard index that cannot be read, or that names a shard which is not there, is a CheckpointError.
+    """
+    for index_name, single_name in ((SAFETENSORS_INDEX, SAFETENSORS_WEIGHTS), (PICKLE_INDEX, PICKLE_WEIGHTS)):
+        if (index := local_file(name_or_path, index_name, kwargs)) is not None:
+            return indexed_files(index, name_or_path, kwargs)
+        if (single := local_file(name_or_path, single_name, kwargs)) is not None:
+            return [single]
+    return []
+
+
+# Copied from posformers.roformer.loading_roformer.indexed_files
+def indexed_files(index: str, name_or_path, kwargs: dict) -> list[str]:
+    """The shards a `*.index.json` names, all present; else a CheckpointError naming the index and what is wrong."""
+    try:
+        with open(index, encoding="utf-8") as file:
+            shards = list(dict.fromkeys(json.load(file)["weight_map"].values()))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(
+            f"{index}: not a valid shard index (a JSON object with a 'weight_map'): {error}"
+        ) from None
+    files = [local_file(name_or_path, shard, kwargs) for shard in shards]
+    if missing := [shard for shard, file in zip(shards, files) if file is None]:
+        raise CheckpointError(
+            f"{index} names {len(missing)} shard(s) that are not there: {', '.join(missing)} "
+            f"({len(shards) - len(missing)} of {len(shards)} present); download the checkpoint again"
+        )
+    return files
+
+
+# Copied from posformers.roformer.loading_roformer.safetensors_header
+def safetensors_header(path: str) -> dict:
+    """The JSON header of a safetensors file, checked against the file's size; a CheckpointError says what is wrong.
+
+    Layout: an 8-byte little-endian header length, the header (JSON: name -> dtype, shape, data_offsets), the data.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as file:
+        prefix = file.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, too short for a header)")
+        (header_length,) = struct.unpack("<Q", prefix)
+        if header_length > MAX_HEADER_BYTES:
+            raise CheckpointError(
+                f"{path}: corrupted safetensors header (it claims {header_length} bytes, more than any header)"
+            )
+        if 8 + header_length > size:
+            raise CheckpointError(
+                f"{path}: truncated safetensors file ({size} bytes, but its header alone claims {8 + header_length})"
+            )
+        try:
+            header = json.loads(file.read(header_length))
+        except (UnicodeDecodeError, ValueError) as error:
+            raise CheckpointError(f"{path}: corrupted safetensors header (not valid JSON: {error})") from None
+    tensors = (
+        {name: entry for name, entry in header.items() if name != "__metadata__"} if isinstance(header, dict) else None
+    )
+    if tensors is None or not all(_is_tensor_entry(entry) for entry in tensors.values()):
+        raise CheckpointError(
+            f"{path}: corrupted safetensors header (not a map of tensor names to dtype/shape/offsets)"
+        )
+    data_size = max((entry["data_offsets"][1] for entry in tensors.values()), default=0)
+    if 8 + header_length + data_size > size:
+        raise CheckpointError(
+            f"{path}: truncated safetensors file ({size} bytes, its header describes {8 + header_length + data_size})"
+        )
+    return tensors
+
+
+# Copied from posformers.roformer.loading_roformer._is_tensor_entry
+def _is_tensor_entry(entry) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("dtype"), str)
+        and isinstance(entry.get("shape"), list)
+        and isinstance(entry.get("data_offsets"), list)
+        and len(entry["data_offsets"]) == 2
+        and all(isinstance(offset, int) for offset in entry["data_offsets"])
+    )
+
+
+# Copied from posformers.roformer.loading_roformer.checkpoint_key
+def checkpoint_key(model_key: str, names, prefix: str) -> str | None:
+    """The name a model tensor has in a checkpoint: as it is, without the base model's prefix, or with it."""
+    for candidate in (model_key, model_key.removeprefix(f"{prefix}."), f"{prefix}.{model_key}"):
+        if candidate in names:
+            return candidate
+    return None
+
+
+# Copied from posformers.roformer.loading_roformer.explain_load_error
+def explain_load_error(model_class, name_or_path, kwargs: dict, error: Exception) -> CheckpointError | None:
+    """A CheckpointError naming the file and the problem behind `error` (raised by `from_pretrained`), or None when
+    the checkpoint's files show nothing wrong (then `error` is about something else and stands as it is)."""
+    try:
+        files = weight_files(name_or_path, kwargs)
+        headers = {file: safetensors_header(file) for file in files if file.endswith(".safetensors")}
+    except CheckpointError as problem:
+        return problem
+    if isinstance(error, pickle.UnpicklingError):
+        return _pickle_refusal(files, error)
+    if isinstance(error, RuntimeError) and "ignore_mismatched_sizes" in str(error):
+        return _shape_mismatch(model_class, name_or_path, kwargs, headers)
+    return None
+
+
+# Copied from posformers.roformer.loading_roformer._pickle_refusal
+def _pickle_refusal(files: list[str], error: Exception) -> CheckpointError:
+    unsafe = [file for file in files if not file.endswith(".safetensors") and not _loads_safely(file)]
+    found = re.search(r"GLOBAL (\S+)", str(error))
+    what = f"it calls {found.group(1)}" if found else "it holds more than tensors"
+    return CheckpointError(
+        f"{', '.join(unsafe or files)}: refused to unpickle, {what}, which could run arbitrary code. If you trust the "
+        "file, re-save its tensors as safetensors in an isolated environment (torch.load(path, weights_only=False), "
+        "then safetensors.torch.save_file) and load that"
+    )
+
+
+# Copied from posformers.roformer.loading_roformer._loads_safely
+def _loads_safely(path: str) -> bool:
+    try:
+        torch.load(path, map_location="meta", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        return False
+    except Exception:  # unreadable for another reason: not the file that was refused
+        return True
+    return True
+
+
+# Copied from posformers.roformer.loading_roformer._shape_mismatch
+def _shape_mismatch(model_class, name_or_path, kwargs: dict, headers: dict[str, dict]) -> CheckpointError:
+    config = kwargs.get("config")
+    if not hasattr(config, "to_dict"):
+        location = {key: kwargs[key] for key in _LOCATION_KWARGS if kwargs.get(key) is not None}
+        config = model_class.config_class.from_pretrained(config or name_or_path, **location)
+    with torch.device("meta"):
+        expected = model_class(config).state_dict()
+    prefix = model_class.base_model_prefix
+    mismatches = []
+    for file, tensors in headers.items():
+        for model_key, tensor in expected.items():
+            key = checkpoint_key(model_key, tensors, prefix)
+            if key is not None and tuple(tensors[key]["shape"]) != tuple(tensor.shape):
+                shapes = f"{tuple(tensors[key]['shape'])}, the model expects {tuple(tensor.shape)}"
+                mismatches.append(f"{os.path.basename(file)}: {key} has shape {shapes}")
+    where = "; ".join(mismatches[:3]) + (f"; ... ({len(mismatches)} in all)" if len(mismatches) > 3 else "")
+    return CheckpointError(
+        f"{name_or_path}: tensors of the wrong shape for {model_class.__name__}"
+        + (f" ({where})" if where else "")
+        + "; pass ignore_mismatched_sizes=True to initialise them afresh instead"
+    )
+
+
+# Copied from posformers.roformer.loading_roformer.check_loaded_dtypes
+def check_loaded_dtypes(model, name_or_path, kwargs: dict) -> None:
+    """Refuse (CheckpointError) a floating-point weight of `model` that its safetensors file stores as integers or
+    booleans: transformers casts it silently, and the model would compute with rounded garbage."""
+    for file in weight_files(name_or_path, kwargs):
+        if not file.endswith(".safetensors"):
+            continue
+        tensors = safetensors_header(file)
+        if all(entry["dtype"] in FLOAT_DTYPES for entry in tensors.values()):
+            continue
+        for model_key, tensor in model.state_dict().items():
+            key = checkpoint_key(model_key, tensors, model.base_model_prefix)
+            if key is not None and tensor.is_floating_point() and tensors[key]["dtype"] not in FLOAT_DTYPES:
+                raise CheckpointError(
+                    f"{file}: tensor {key} is stored as {tensors[key]['dtype']}, the model's {model_key} is "
+                    f"{str(tensor.dtype).removeprefix('torch.')}; the file is not a checkpoint of this model"
+                )
