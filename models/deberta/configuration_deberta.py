@@ -14,6 +14,8 @@ Field names and meanings are those of the official `config.json` files (and of t
 under either name would silently load as transformers' classes.
 """
 
+import os
+
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 from transformers.utils import logging
@@ -222,6 +224,18 @@ def check_pad_token_id(config: PreTrainedConfig) -> None:
         )
 
 
+# Copied from posformers.roformer.configuration_roformer.config_file_error
+def config_file_error(name_or_path, kwargs: dict, error: Exception) -> Exception:
+    """`error`, raised reading the config.json of `name_or_path` (a folder, a file or a Hub repo), as a ValueError
+    whose message starts with the file: who loads a checkpoint knows its folder, not the config class's fields."""
+    name_or_path = str(name_or_path)
+    if os.path.isdir(name_or_path):
+        name_or_path = os.path.join(name_or_path, kwargs.get("subfolder") or "", "config.json")
+    if str(error).startswith(name_or_path):
+        return error
+    return ValueError(f"{name_or_path}: {error}")
+
+
 class DebertaConfig(PreTrainedConfig):
     r"""
     Configuration of a posformers DeBERTa model (v1, v2 or v3). Defaults give microsoft/deberta-v3-base;
@@ -347,6 +361,33 @@ class DebertaConfig(PreTrainedConfig):
             if config_dict.get("pos_att_type") is None:
                 config_dict["pos_att_type"] = []
         return config_dict, kwargs
+
+    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_pretrained
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """transformers' `from_pretrained`; a config.json this config refuses (a field of the wrong type or value, an
+        unknown model_type) is a ValueError whose message starts with the file."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        except (ValueError, TypeError) as error:
+            raise config_file_error(pretrained_model_name_or_path, kwargs, error) from None
+
+    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_dict
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """transformers' `from_dict`, refusing a model_type that transformers does not know. The Auto classes pass
+        `name_or_path`: an error then names the config.json the dict came from."""
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # at call time: the Auto module is big
+
+        try:
+            model_type = config_dict.get("model_type")
+            if model_type is not None and model_type != cls.model_type and model_type not in CONFIG_MAPPING:
+                raise ValueError(f"unknown model_type {model_type!r} ({cls.__name__} reads {cls.model_type!r})")
+            return super().from_dict(config_dict, **kwargs)
+        except (ValueError, TypeError) as error:
+            if kwargs.get("name_or_path") is None:
+                raise
+            raise config_file_error(kwargs["name_or_path"], kwargs, error) from None
 
     # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_preset with RoFormer->Deberta
     @classmethod

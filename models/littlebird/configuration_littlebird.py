@@ -7,6 +7,7 @@ the architecture, with every decision marked, is described in `modeling_littlebi
 """
 
 import contextlib
+import os
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
@@ -78,6 +79,18 @@ def check_pad_token_id(config: PreTrainedConfig) -> None:
             f"{type(config).__name__}.pad_token_id ({token!r}) must be None or an integer in "
             f"[0, vocab_size={config.vocab_size})"
         )
+
+
+# Copied from posformers.roformer.configuration_roformer.config_file_error
+def config_file_error(name_or_path, kwargs: dict, error: Exception) -> Exception:
+    """`error`, raised reading the config.json of `name_or_path` (a folder, a file or a Hub repo), as a ValueError
+    whose message starts with the file: who loads a checkpoint knows its folder, not the config class's fields."""
+    name_or_path = str(name_or_path)
+    if os.path.isdir(name_or_path):
+        name_or_path = os.path.join(name_or_path, kwargs.get("subfolder") or "", "config.json")
+    if str(error).startswith(name_or_path):
+        return error
+    return ValueError(f"{name_or_path}: {error}")
 
 
 class LittleBirdConfig(PreTrainedConfig):
@@ -157,6 +170,33 @@ class LittleBirdConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         self.validate_fields()
         self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
+
+    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_pretrained
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """transformers' `from_pretrained`; a config.json this config refuses (a field of the wrong type or value, an
+        unknown model_type) is a ValueError whose message starts with the file."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        except (ValueError, TypeError) as error:
+            raise config_file_error(pretrained_model_name_or_path, kwargs, error) from None
+
+    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_dict
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """transformers' `from_dict`, refusing a model_type that transformers does not know. The Auto classes pass
+        `name_or_path`: an error then names the config.json the dict came from."""
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # at call time: the Auto module is big
+
+        try:
+            model_type = config_dict.get("model_type")
+            if model_type is not None and model_type != cls.model_type and model_type not in CONFIG_MAPPING:
+                raise ValueError(f"unknown model_type {model_type!r} ({cls.__name__} reads {cls.model_type!r})")
+            return super().from_dict(config_dict, **kwargs)
+        except (ValueError, TypeError) as error:
+            if kwargs.get("name_or_path") is None:
+                raise
+            raise config_file_error(kwargs["name_or_path"], kwargs, error) from None
 
     # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_preset with RoFormer->LittleBird
     @classmethod
