@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from posformers.roformer.loading_roformer import CheckpointError, safetensors_header
+
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_INDEX = "pytorch_model.bin.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -128,6 +130,10 @@ def _load_safetensors(file: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(file))
     except (SafetensorError, OSError) as error:
+        try:  # says "truncated" or "corrupted header" and by how much, where it can tell
+            safetensors_header(str(file))
+        except CheckpointError as problem:
+            raise ConversionError(str(problem)) from error
         raise ConversionError(f"{file}: not a readable safetensors file ({error})") from error
 
 
@@ -140,12 +146,13 @@ def _load_pickle(file: Path) -> dict[str, torch.Tensor]:
                 raise
             loaded = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
+        unpickled = re.search(r"GLOBAL (\S+)", str(error))
         raise ConversionError(
-            f"{file}: refused to load. This pickle needs more than tensors to be unpickled, which could run arbitrary "
-            f"code, so it is not read. torch said: {str(error).splitlines()[0]}\n"
-            "If you trust the file, re-save its tensors in a separate step, e.g. "
-            "`safetensors.torch.save_file(torch.load(path, weights_only=False), 'model.safetensors')`, and convert "
-            "the safetensors file."
+            f"{file}: refused to load. This pickle needs more than tensors to be unpickled"
+            + (f" (it calls {unpickled.group(1)})" if unpickled else "")
+            + ", which could run arbitrary code, so it is not read. If you trust the file, re-save its tensors in a "
+            "separate step in an isolated environment, e.g. `safetensors.torch.save_file(torch.load(path, "
+            "weights_only=False), 'model.safetensors')`, and convert the safetensors file"
         ) from error
     except (RuntimeError, OSError, EOFError) as error:
         raise ConversionError(f"{file}: not a readable PyTorch checkpoint ({error})") from error
@@ -270,29 +277,31 @@ def _progress(items: list, description: str) -> Iterator:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def expected_state(model_class, config) -> tuple[dict[str, torch.Size], set[str]]:
-    """Shapes of the persistent tensors `model_class(config)` holds, and the tied keys it recreates by itself.
+def expected_state(model_class, config) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """The persistent tensors `model_class(config)` holds (on the meta device: shapes and dtypes, no data), and the
+    tied keys it recreates by itself.
 
     The model is built on the meta device: no memory, no initialisation.
     """
     with torch.device("meta"):
         model = model_class(config)
-    shapes = {key: value.shape for key, value in model.state_dict().items()}
-    return shapes, set(getattr(model, "all_tied_weights_keys", None) or {})
+    return dict(model.state_dict()), set(getattr(model, "all_tied_weights_keys", None) or {})
 
 
 def check_state_dict(model, target: dict[str, torch.Tensor]) -> None:
-    """Stop (ConversionError) unless `target` fills exactly the persistent tensors of `model`, with their shapes.
+    """Stop (ConversionError) unless `target` fills exactly the persistent tensors of `model`, with their shapes, and
+    floating-point tensors with floating-point values (an integer tensor would be cast silently).
 
     model: a model instance, or `(model_class, config)`. Tied weights the model recreates (the MLM decoder tied to
-    the word embeddings) may be present or absent. The message names every missing and unexpected key and every
-    shape mismatch (expected vs found).
+    the word embeddings) may be present or absent. The message, one line, names every missing and unexpected key,
+    every shape mismatch (expected vs found) and every tensor of a non-floating dtype.
     """
     if isinstance(model, tuple):
-        shapes, tied = expected_state(*model)
+        expected, tied = expected_state(*model)
     else:
-        shapes = {key: value.shape for key, value in model.state_dict().items()}
+        expected = dict(model.state_dict())
         tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    shapes = {key: value.shape for key, value in expected.items()}
     missing = sorted(set(shapes) - set(target) - tied)
     unexpected = sorted(set(target) - set(shapes))
     mismatched = [
@@ -307,8 +316,14 @@ def check_state_dict(model, target: dict[str, torch.Tensor]) -> None:
         problems.append(f"unexpected (the model has no such tensor): {unexpected}")
     if mismatched:
         problems.append("shape mismatches: " + "; ".join(mismatched))
+    if wrong_dtypes := [
+        f"{key}: {str(target[key].dtype).removeprefix('torch.')}"
+        for key in sorted(set(expected) & set(target))
+        if expected[key].is_floating_point() and not target[key].is_floating_point()
+    ]:
+        problems.append("not floating point (the model's weights are): " + "; ".join(wrong_dtypes))
     if problems:
-        raise ConversionError("The converted weights do not fit the model:\n  " + "\n  ".join(problems))
+        raise ConversionError("The converted weights do not fit the model: " + " | ".join(problems))
 
 
 def build_model(model_class, config, target: dict[str, torch.Tensor]):
@@ -468,8 +483,13 @@ def write_output(
             extras(staging)
         (staging / "README.md").write_text(conversion_card(model, info, push_to_hub), encoding="utf-8")
         _replace_dir(staging, output_dir)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError):  # a full disk (ENOSPC), a quota, permissions: nothing was replaced
+            kept = "the previous output is unchanged" if output_dir.exists() else "nothing was written"
+            raise ConversionError(
+                f"--output {output_dir}: writing failed ({error.strerror or error}); {kept}"
+            ) from error
         raise
     log(f"wrote {output_dir}: {', '.join(sorted(path.name for path in output_dir.iterdir()))}")
     if push_to_hub:
@@ -575,7 +595,10 @@ def run_conversion(source: Source, args: argparse.Namespace) -> int:
     target, report = source.key_map().apply(tensors)
     log(report.summary())
     target = source.complete(target, report)
-    model = build_model(source.model_class, source.config, target)
+    try:
+        model = build_model(source.model_class, source.config, target)
+    except ConversionError as error:
+        raise ConversionError(f"--source {source.path}: {error}") from error
     del target
     verification = None if args.no_verify else source.verify(model)
     info = OutputInfo(
