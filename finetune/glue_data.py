@@ -346,8 +346,11 @@ def read_table_rows(path: Path) -> list[RawRow]:
                     rows.append(RawRow(_json_object(line, path, number), number))
         return rows
     if suffix == ".json":
+        text = Path(path).read_text(encoding="utf-8-sig")
+        if not text.strip():
+            return []  # read_split: "no examples (empty file)", as for the other formats
         try:
-            content = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+            content = json.loads(text)
         except json.JSONDecodeError as error:
             raise DataError(f"not valid JSON: {error.msg}", path=path, row=error.lineno) from error
         if isinstance(content, dict) and isinstance(content.get("data"), list):

@@ -34,6 +34,15 @@ def _hub_kwargs(model_args: ModelArguments) -> dict:
     }
 
 
+def load_error(argument: str, name, error: Exception) -> ArgumentError:
+    """`error`, raised by transformers loading `name` (given as `argument`), as one line for the user: its message's
+    first line, after the argument unless it already starts with the file (posformers' loading errors do)."""
+    first_line = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    if first_line.startswith(str(name)):
+        return ArgumentError(first_line)
+    return ArgumentError(f"{argument} {name}: {first_line}")
+
+
 def config_class_for(model_type: str | None, source: str):
     """The config class registered for `model_type` (posformers' three are registered on import)."""
     if model_type not in CONFIG_MAPPING:
@@ -46,13 +55,24 @@ def load_config(model_args: ModelArguments, **config_kwargs):
     """The model config: --config_name (folder, repo or config.json file), else the model's, else --model_type's
     defaults; then --config_overrides. `config_kwargs` (num_labels, finetuning_task, ...) are set on it."""
     if model_args.config_name and Path(model_args.config_name).is_file():
-        config_dict = json.loads(Path(model_args.config_name).read_text(encoding="utf-8"))
-        config = config_class_for(config_dict.get("model_type"), model_args.config_name).from_dict(
-            config_dict, **config_kwargs
-        )
+        try:
+            config_dict = json.loads(Path(model_args.config_name).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ArgumentError(f"--config_name {model_args.config_name}: not a JSON file ({error})") from error
+        if not isinstance(config_dict, dict):
+            raise ArgumentError(f"--config_name {model_args.config_name}: expected a JSON object of config fields")
+        config_class = config_class_for(config_dict.get("model_type"), model_args.config_name)
+        try:
+            config = config_class.from_dict(config_dict, **config_kwargs)
+        except (ValueError, TypeError) as error:
+            raise load_error("--config_name", model_args.config_name, error) from error
     elif model_args.config_name or model_args.model_name_or_path:
+        argument = "--config_name" if model_args.config_name else "--model_name_or_path"
         name = model_args.config_name or model_args.model_name_or_path
-        config = AutoConfig.from_pretrained(name, **config_kwargs, **_hub_kwargs(model_args))
+        try:
+            config = AutoConfig.from_pretrained(name, **config_kwargs, **_hub_kwargs(model_args))
+        except (OSError, ValueError, TypeError) as error:  # a config.json that is not JSON, a bad field, a model_type
+            raise load_error(argument, name, error) from error
     elif model_args.model_type:
         # A new config takes the overrides as constructor arguments, so that the fields derived from them in
         # __post_init__ follow (embedding_size from hidden_size, ...) and the config's own checks see them.
@@ -88,7 +108,29 @@ def load_tokenizer(model_args: ModelArguments):
     name = model_args.tokenizer_name or model_args.model_name_or_path
     if name is None:
         raise ArgumentError("training from scratch needs --tokenizer_name (a tokenizer folder or repo id)")
-    return AutoTokenizer.from_pretrained(name, **_hub_kwargs(model_args))
+    argument = "--tokenizer_name" if model_args.tokenizer_name else "--model_name_or_path"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, **_hub_kwargs(model_args))
+    except json.JSONDecodeError as error:
+        raise ArgumentError(f"{argument} {name}: a tokenizer file is not valid JSON, truncated? ({error})") from error
+    except Exception as error:  # tokenizers' own parse errors are plain Exceptions; any of them means a bad folder
+        raise load_error(argument, name, error) from error
+    check_tokenizer_files(tokenizer, name, argument)
+    return tokenizer
+
+
+def check_tokenizer_files(tokenizer, name, argument: str) -> None:
+    """A local tokenizer folder needs tokenizer.json or every vocabulary file of its tokenizer class: without them
+    transformers builds a tokenizer of the special tokens alone, without a word of warning."""
+    folder = Path(name)
+    if not folder.is_dir() or (folder / "tokenizer.json").is_file():
+        return
+    needed = [file for key, file in type(tokenizer).vocab_files_names.items() if key != "tokenizer_file"]
+    if missing := [file for file in needed if not (folder / file).is_file()]:
+        raise ArgumentError(
+            f"{argument} {folder}: the tokenizer's files are missing (no tokenizer.json, no {', '.join(missing)}); "
+            f"{type(tokenizer).__name__} would hold only its {len(tokenizer)} special tokens"
+        )
 
 
 def fit_config_to_tokenizer(config, tokenizer, model_args: ModelArguments):
@@ -110,9 +152,12 @@ def load_model(model_args: ModelArguments, config, auto_class):
     if model_args.model_name_or_path is None:
         logger.info("training a new %s from scratch", config.model_type)
         return auto_class.from_config(config, trust_remote_code=model_args.trust_remote_code)
-    return auto_class.from_pretrained(
-        model_args.model_name_or_path,
-        config=config,
-        ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
-        **_hub_kwargs(model_args),
-    )
+    try:
+        return auto_class.from_pretrained(
+            model_args.model_name_or_path,
+            config=config,
+            ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
+            **_hub_kwargs(model_args),
+        )
+    except OSError as error:  # posformers' CheckpointError (a truncated or corrupted file, ...) is one
+        raise load_error("--model_name_or_path", model_args.model_name_or_path, error) from error

@@ -39,6 +39,7 @@ import datasets
 import numpy as np
 import torch
 import torch.nn.functional as F
+from datasets.exceptions import DatasetGenerationError
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast, TrainerCallback
 
@@ -135,14 +136,22 @@ def _load_files(files: list[str], text_column: str, streaming: bool, cache_dir):
     if len({(builder, path.suffix.lower()) for (builder, _), path in zip(builders, paths)}) > 1:
         raise DataError(f"mixed formats in one split: {', '.join(files)}")
     builder, options = builders[0]
-    split = datasets.load_dataset(
-        builder,
-        data_files=[str(path) for path in paths],
-        split="train",
-        streaming=streaming,
-        cache_dir=cache_dir,
-        **options,
-    )
+    try:
+        split = datasets.load_dataset(
+            builder,
+            data_files=[str(path) for path in paths],
+            split="train",
+            streaming=streaming,
+            cache_dir=cache_dir,
+            **options,
+        )
+    except DatasetGenerationError as error:  # a truncated or malformed file; datasets says which parser failed
+        cause = error.__cause__ or error.__context__ or error
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise DataError(
+            f"not a readable {paths[0].suffix.lstrip('.').lower()} file (truncated or malformed?): {reason}",
+            path=", ".join(files),
+        ) from error
     return _select_text(split, "text" if builder == "text" else text_column, files[0])
 
 
