@@ -183,9 +183,10 @@ class RoFormerRotaryEmbedding(nn.Module):
         init.copy_(self.sin_cached, sin)
 
     @torch.no_grad()
-    def forward(self, position_ids: torch.Tensor, total_length: int, dtype: torch.dtype):
+    def forward(self, position_ids: torch.Tensor, total_length: int, dtype: torch.dtype, from_table: bool = True):
         """position_ids: (B or 1, L) -> cos, sin of shape (B or 1, L, 1, rotary_dim) in `dtype`, laid out for
-        `apply_rotary` in the config's current `rope_layout`."""
+        `apply_rotary` in the config's current `rope_layout`. `from_table=False` computes them: position_ids a caller
+        chose may lie anywhere (negative, or past the table however short the input), and the values are the same."""
         max_cached = self.config.max_position_embeddings
         # An exported graph (ONNX) must serve every length: it computes the tables, never branching on the length.
         exporting = torch.compiler.is_exporting()
@@ -194,7 +195,7 @@ class RoFormerRotaryEmbedding(nn.Module):
                 f"Input of {total_length} positions is longer than max_position_embeddings={max_cached} and no "
                 "rope_scaling is configured: rotary positions extrapolate beyond what the model was trained on."
             )
-        if exporting or total_length > max_cached or self.cos_cached.device.type == "meta":
+        if not from_table or exporting or total_length > max_cached or self.cos_cached.device.type == "meta":
             cos, sin = self.compute_tables(position_ids, seq_len=total_length)
         else:
             cos, sin = self.cos_cached[position_ids], self.sin_cached[position_ids]
@@ -995,6 +996,18 @@ def _check_inputs(
     return shape
 
 
+def real_position_extent(position_ids: torch.Tensor, real_tokens: torch.Tensor | None, fallback: int) -> int:
+    """One past the largest position a real token holds: the sequence length dynamic NTK scaling sizes its base for,
+    read from the real tokens so that padding columns do not change the outputs. position_ids: (B or 1, L);
+    real_tokens: (B, L) bool, or None when every token is real. `fallback` while compiling or exporting (no values
+    are read) or when no token is real."""
+    if is_torchdynamo_compiling() or torch.compiler.is_exporting():
+        return fallback
+    if real_tokens is not None:
+        position_ids = position_ids.expand_as(real_tokens)[real_tokens.to(position_ids.device)]
+    return int(position_ids.max()) + 1 if position_ids.numel() else fallback
+
+
 def is_causal_pass(config: RoFormerConfig, past_length: int) -> bool:
     """Whether this forward pass attends causally: always for a decoder, except, with `bidirectional_prompt`
     (junnyu's RoFormerForCausalLM), a pass with nothing cached yet, which reads its tokens bidirectionally."""
@@ -1123,6 +1136,7 @@ class RoFormerModel(RoFormerPreTrainedModel):
         elif output_attentions:
             blocker = "output_attentions=True returns padded (batch, heads, L, L) weights"
         device = (input_ids if input_ids is not None else inputs_embeds).device
+        positions_given = position_ids is not None
         packing = None
         # a decoder reads restarting position_ids of a padded row as given (`generate` numbers left padding so); an
         # exported graph (ONNX) cannot branch on the mask's values and runs padded
@@ -1148,7 +1162,14 @@ class RoFormerModel(RoFormerPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
         total_length = packing.width if packing is not None else past_length + seq_len
-        position_embeddings = self.rotary_emb(position_ids, total_length, hidden_states.dtype)
+        if self.rotary_emb.dynamic:
+            real_tokens = None
+            if packing is None and attention_mask is not None and attention_mask.dim() == 2:
+                real_tokens = attention_mask[:, -seq_len:].bool()
+            total_length = real_position_extent(position_ids, real_tokens, total_length)
+        position_embeddings = self.rotary_emb(
+            position_ids, total_length, hidden_states.dtype, from_table=not positions_given
+        )
 
         causal = is_causal_pass(config, past_length)
         if packing is None:
@@ -1420,6 +1441,13 @@ class RoFormerLMPredictionHead(nn.Module):
         super().__init__()
         if config.norm_type == "layer_norm":
             self.transform = RoFormerPredictionHeadTransform(config)
+        elif config.embedding_size != config.hidden_size:
+            # Without the transform nothing maps the final hidden states to the width of the tied word embeddings.
+            raise ValueError(
+                f"RoFormerConfig.embedding_size ({config.embedding_size}) must equal hidden_size "
+                f"({config.hidden_size}) for a language-model head with norm_type='rms_norm' (RoFormer-v2 predicts "
+                "with the tied word embeddings alone, without a transform from hidden_size to embedding_size)"
+            )
         self.decoder = nn.Linear(config.embedding_size, config.vocab_size, bias=config.use_bias)
         if config.use_bias:
             self.bias = nn.Parameter(torch.zeros(config.vocab_size))

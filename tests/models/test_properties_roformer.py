@@ -1,0 +1,349 @@
+"""Property-based tests (hypothesis) of RoFormer: configs and inputs nobody wrote by hand.
+
+Valid configs are drawn over every option the config exposes (sizes, heads, head dimensions, rotary dimension or
+fraction, layout, theta, every rope_scaling type and its keys, v2 norm and bias, linear attention, rotary values,
+factorised embeddings, token types, pooler) at tiny sizes, and run on random right-padded batches (rows of length 1
+to beyond max_position_embeddings, fully padded rows, extra padding columns, token types, position_ids,
+inputs_embeds). The reference is always something else than the code under test's own output: each sequence run
+alone without padding, or the same positions shifted (rotary attention sees only relative positions).
+
+Invalid configs and inputs change one field or argument of a valid draw and must raise a ValueError or TypeError
+naming it.
+
+Tolerance: float32 throughout; backends and packing only reorder sums (at most 64 terms here) and LayerNorm/RMS norm
+may amplify by the inverse of a small standard deviation, so real tokens agree to ~1e-5 and TOLERANCE = 1e-4 leaves
+room; a wrong mask, position or rotation moves outputs by O(0.1), far above it.
+"""
+
+import os
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from posformers.roformer import RoFormerConfig, RoFormerForCausalLM, RoFormerForMaskedLM, RoFormerModel
+
+TOLERANCE = 1e-4
+# Examples per test scale with POSFORMERS_HYPOTHESIS_SCALE (e.g. 10 for a long local hunt); CI runs scale 1,
+# derandomized so that every run tries the same examples.
+SCALE = float(os.environ.get("POSFORMERS_HYPOTHESIS_SCALE", "1"))
+
+
+def examples(count: int) -> settings:
+    return settings(
+        max_examples=max(1, int(count * SCALE)),
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Strategies
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def rope_scalings(draw, max_position_embeddings: int):
+    """None or a valid rope_scaling dict of any type, with a random subset of its optional keys."""
+    rope_type = draw(st.sampled_from([None, "default", "linear", "dynamic", "yarn"]))
+    if rope_type is None:
+        return None
+    if rope_type == "default":
+        return {"rope_type": "default"}
+    scaling = {"rope_type": rope_type, "factor": draw(st.floats(1.0, 8.0))}
+    if rope_type == "yarn":
+        optional = {
+            "original_max_position_embeddings": st.integers(1, 2 * max_position_embeddings),
+            "attention_factor": st.floats(0.5, 2.0),
+            "beta_fast": st.floats(8.0, 64.0),
+            "beta_slow": st.floats(0.5, 4.0),
+            "mscale": st.floats(0.5, 2.0),
+            "mscale_all_dim": st.floats(0.5, 2.0),
+            "truncate": st.booleans(),
+        }
+        for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
+            scaling[key] = draw(optional[key])
+    return scaling
+
+
+@st.composite
+def config_fields(draw, decoder: bool = False) -> dict:
+    """Keyword arguments of a valid tiny RoFormerConfig (hidden <= 32, <= 2 layers), every option drawn."""
+    heads = draw(st.integers(1, 4))
+    head_dim = draw(st.integers(2, 32 // heads))
+    # The rotated part of each head: all of it (needs an even head), or an even rotary_dim given directly or as a
+    # fraction of the head.
+    rotary = draw(st.sampled_from(["all", "rotary_dim", "partial_rotary_factor"] if head_dim % 2 == 0 else ["dim"]))
+    rotary_dim = draw(st.integers(1, head_dim // 2)) * 2
+    fields = dict(
+        vocab_size=draw(st.integers(2, 40)),
+        hidden_size=heads * head_dim,
+        num_hidden_layers=draw(st.integers(1, 2)),
+        num_attention_heads=heads,
+        intermediate_size=draw(st.integers(1, 40)),
+        hidden_act=draw(st.sampled_from(["gelu", "relu", "silu", "tanh", "gelu_new"])),
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        max_position_embeddings=draw(st.integers(1, 24)),
+        type_vocab_size=draw(st.integers(0, 3)),
+        initializer_range=draw(st.sampled_from([0.02, 0.2, 0.5])),
+        layer_norm_eps=draw(st.sampled_from([1e-12, 1e-6, 1e-3])),
+        rope_theta=draw(st.sampled_from([10.0, 10000.0, 1e6])),
+        rope_layout=draw(st.sampled_from(["interleaved", "half"])),
+        rotary_value=draw(st.booleans()),
+        norm_type=draw(st.sampled_from(["layer_norm", "rms_norm"])),
+        use_bias=draw(st.booleans()),
+        attention_kernel=draw(st.sampled_from(["softmax", "linear"])),
+        add_pooling_layer=draw(st.booleans()),
+        pooler_activation=draw(st.sampled_from(["tanh", "linear", "relu"])),
+        is_decoder=decoder,
+        bidirectional_prompt=decoder and draw(st.booleans()),
+    )
+    fields["pad_token_id"] = draw(st.none() | st.integers(0, fields["vocab_size"] - 1))
+    if draw(st.booleans()):
+        fields["embedding_size"] = draw(st.integers(1, 32))
+    if rotary in ("rotary_dim", "dim"):
+        fields["rotary_dim"] = rotary_dim
+    elif rotary == "partial_rotary_factor":
+        fields["partial_rotary_factor"] = rotary_dim / head_dim
+    scaling = draw(rope_scalings(fields["max_position_embeddings"]))
+    rope_dim = head_dim if rotary == "all" else rotary_dim
+    if scaling is not None and scaling["rope_type"] == "dynamic" and rope_dim <= 2:
+        scaling = None  # dynamic NTK raises the base to the power dim / (dim - 2)
+    fields["rope_scaling"] = scaling
+    return fields
+
+
+@st.composite
+def batches(draw, fields: dict) -> dict:
+    """A right-padded batch for a config: row lengths 0 (fully padded) to past max_position_embeddings, 0-3 extra
+    padding columns, random ids (the pad id included) and token types."""
+    longest = fields["max_position_embeddings"] + 6
+    lengths = draw(st.lists(st.integers(0, longest), min_size=1, max_size=4).filter(lambda ls: max(ls) > 0))
+    width = max(lengths) + draw(st.integers(0, 3))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    shape = (len(lengths), width)
+    input_ids = torch.randint(0, fields["vocab_size"], shape, generator=generator)
+    attention_mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if fields["type_vocab_size"] > 0 and draw(st.booleans()):
+        batch["token_type_ids"] = torch.randint(0, fields["type_vocab_size"], shape, generator=generator)
+    return batch
+
+
+def build(fields: dict, model_class=RoFormerModel):
+    torch.manual_seed(0)
+    return model_class(RoFormerConfig(**fields)).eval()
+
+
+def run(model, implementation: str, unpad_inputs: str, **inputs):
+    """`model(**inputs)` with an attention implementation and padding-free mode, no gradients, warnings (position
+    extrapolation beyond max_position_embeddings is expected here) silenced."""
+    model.set_attn_implementation(implementation)
+    model.config.unpad_inputs = unpad_inputs
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model(**inputs)
+
+
+def row(batch: dict, index: int, length: int) -> dict:
+    """Row `index` of a batch, cut to its real tokens, as a batch of one without an attention mask."""
+    return {key: value[index : index + 1, :length] for key, value in batch.items() if key != "attention_mask"}
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert actual.shape == expected.shape, what
+    diff = (actual - expected).abs().max().item() if actual.numel() else 0.0
+    assert diff <= TOLERANCE, f"{what}: max abs diff {diff}"
+
+
+def dynamic_scaling(fields: dict) -> bool:
+    return (fields["rope_scaling"] or {}).get("rope_type") == "dynamic"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Valid configs and inputs
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def encoder_cases(draw):
+    fields = draw(config_fields())
+    return fields, draw(batches(fields))
+
+
+@examples(90)
+@given(case=encoder_cases())
+def test_padded_batch_equals_each_sequence_alone_on_every_backend(case):
+    """eager and sdpa, padded and padding-free, give every real token what its sequence alone gives, and nothing is
+    NaN or inf, fully padded rows included. With dynamic NTK scaling the frequencies depend on the longest sequence
+    of the batch (as in transformers), so there the reference is the batch without extra padding columns."""
+    fields, batch = case
+    model = build(fields)
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    if dynamic_scaling(fields):
+        width = max(lengths)
+        trimmed = {key: value[:, :width] for key, value in batch.items()}
+        reference = run(model, "eager", "never", **trimmed)
+        expected = [reference.last_hidden_state[i, :n] for i, n in enumerate(lengths)]
+        expected_pooled = reference.pooler_output
+    else:
+        alone = [run(model, "eager", "never", **row(batch, i, n)) if n else None for i, n in enumerate(lengths)]
+        expected = [out.last_hidden_state[0] if out is not None else None for out in alone]
+        expected_pooled = [
+            out.pooler_output[0] if out is not None and out.pooler_output is not None else None for out in alone
+        ]
+    for implementation in ("eager", "sdpa"):
+        for unpad_inputs in ("never", "always"):
+            what = f"{implementation}, unpad_inputs={unpad_inputs}"
+            output = run(model, implementation, unpad_inputs, **batch)
+            assert torch.isfinite(output.last_hidden_state).all(), what
+            for i, n in enumerate(lengths):
+                if n:
+                    assert_close(output.last_hidden_state[i, :n], expected[i], f"{what}, row {i}")
+            if fields["add_pooling_layer"]:
+                assert torch.isfinite(output.pooler_output).all(), what
+                for i, n in enumerate(lengths):
+                    if n and expected_pooled[i] is not None:
+                        assert_close(output.pooler_output[i], expected_pooled[i], f"{what}, pooler row {i}")
+
+
+@st.composite
+def shift_cases(draw):
+    fields = draw(config_fields())
+    fields["rotary_value"] = False  # rotated values carry absolute positions
+    if dynamic_scaling(fields):
+        fields["rope_scaling"] = None  # the dynamic base depends on the largest position
+    return fields, draw(batches(fields)), draw(st.integers(-50, 300))
+
+
+@examples(40)
+@given(case=shift_cases())
+def test_outputs_do_not_change_when_every_position_shifts(case):
+    """Rotary attention scores depend only on the distance between positions, so position_ids shifted by a constant
+    (negative, or past the cached table of max_position_embeddings) give the outputs of the default positions."""
+    fields, batch, shift = case
+    model = build(fields)
+    mask = batch["attention_mask"].bool()
+    expected = run(model, "sdpa", "never", **batch).last_hidden_state
+    positions = torch.arange(batch["input_ids"].shape[1]) + shift
+    for unpad_inputs in ("never", "always"):
+        for position_ids in (positions[None], positions.expand_as(batch["input_ids"])):
+            output = run(model, "sdpa", unpad_inputs, position_ids=position_ids, **batch).last_hidden_state
+            assert_close(output[mask], expected[mask], f"shift {shift}, unpad_inputs={unpad_inputs}")
+
+
+@st.composite
+def embeds_cases(draw):
+    fields = draw(config_fields())
+    return fields, draw(batches(fields)), draw(st.sampled_from(["never", "auto", "always"]))
+
+
+@examples(30)
+@given(case=embeds_cases())
+def test_inputs_embeds_equal_input_ids(case):
+    """The word embeddings of input_ids passed as inputs_embeds give the same outputs, padded or padding-free."""
+    fields, batch, unpad_inputs = case
+    model = build(fields)
+    mask = batch["attention_mask"].bool()
+    expected = run(model, "sdpa", unpad_inputs, **batch).last_hidden_state
+    embeds = {key: value for key, value in batch.items() if key != "input_ids"}
+    embeds["inputs_embeds"] = model.get_input_embeddings()(batch["input_ids"]).detach()
+    output = run(model, "sdpa", unpad_inputs, **embeds).last_hidden_state
+    assert_close(output[mask], expected[mask], f"unpad_inputs={unpad_inputs}")
+
+
+@st.composite
+def decoder_cases(draw):
+    fields = draw(config_fields(decoder=True))
+    fields["add_pooling_layer"] = False
+    if fields["norm_type"] == "rms_norm":
+        fields.pop("embedding_size", None)  # RoFormer-v2's LM head needs embedding_size == hidden_size
+    length = draw(st.integers(2, fields["max_position_embeddings"] + 6))
+    prefix = draw(st.integers(1, length - 1))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    input_ids = torch.randint(0, fields["vocab_size"], (draw(st.integers(1, 3)), length), generator=generator)
+    return fields, input_ids, prefix
+
+
+@examples(30)
+@given(case=decoder_cases())
+def test_decoder_cache_and_backends_agree_with_a_full_pass(case):
+    """A causal LM: eager and sdpa agree, with and without a cache, and continuing from the cache of a prefix gives
+    the logits of one causal pass over the whole sequence. With bidirectional_prompt a pass without a cache reads its
+    tokens bidirectionally, so there only the backends are compared."""
+    fields, input_ids, prefix = case
+    model = build(fields, RoFormerForCausalLM)
+    full = run(model, "eager", "never", input_ids=input_ids).logits
+    assert torch.isfinite(full).all()
+    assert_close(run(model, "sdpa", "never", input_ids=input_ids).logits, full, "sdpa vs eager")
+    continuations = {}
+    for implementation in ("eager", "sdpa"):
+        first = run(model, implementation, "never", input_ids=input_ids[:, :prefix], use_cache=True)
+        cache = first.past_key_values
+        rest = run(
+            model, implementation, "never", input_ids=input_ids[:, prefix:], past_key_values=cache, use_cache=True
+        )
+        continuations[implementation] = rest.logits
+        assert torch.isfinite(rest.logits).all(), implementation
+        if not fields["bidirectional_prompt"]:
+            assert_close(first.logits, full[:, :prefix], f"{implementation}, prefix")
+            assert_close(rest.logits, full[:, prefix:], f"{implementation}, continuation")
+    assert_close(continuations["sdpa"], continuations["eager"], "continuation, sdpa vs eager")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Regressions: the bugs the properties above found, each pinned by one example
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def tiny_fields(**overrides) -> dict:
+    fields = dict(
+        vocab_size=30,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=20,
+        max_position_embeddings=8,
+        initializer_range=0.5,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return {**fields, **overrides}
+
+
+@pytest.mark.parametrize("start", [100, -3], ids=["past-the-table", "negative"])
+def test_position_ids_outside_the_cached_table_are_rotated(start):
+    """position_ids past max_position_embeddings on a short input used to index the cached table (IndexError), and
+    negative ones silently wrapped to its end; now they rotate as positions, so a constant shift changes nothing."""
+    model = build(tiny_fields())
+    input_ids = torch.randint(1, 30, (2, 5), generator=torch.Generator().manual_seed(0))
+    expected = run(model, "sdpa", "never", input_ids=input_ids).last_hidden_state
+    position_ids = torch.arange(start, start + 5)[None]
+    actual = run(model, "sdpa", "never", input_ids=input_ids, position_ids=position_ids).last_hidden_state
+    assert_close(actual, expected, f"positions from {start}")
+
+
+@pytest.mark.parametrize("unpad_inputs", ["never", "always"])
+def test_dynamic_ntk_scaling_does_not_depend_on_padding(unpad_inputs):
+    """Dynamic NTK scaling sized its base for the padded width: 5 padding columns after 12 real tokens (past
+    max_position_embeddings=8) changed every real token's output by ~0.2. It now reads the longest real sequence."""
+    model = build(tiny_fields(rope_scaling={"rope_type": "dynamic", "factor": 4.0}))
+    input_ids = torch.randint(1, 30, (1, 12), generator=torch.Generator().manual_seed(0))
+    expected = run(model, "eager", "never", input_ids=input_ids).last_hidden_state
+    padded = torch.nn.functional.pad(input_ids, (0, 5))
+    mask = (padded != 0).long()
+    actual = run(model, "eager", unpad_inputs, input_ids=padded, attention_mask=mask).last_hidden_state[:, :12]
+    assert_close(actual, expected, "padded")
+
+
+def test_rms_norm_lm_head_with_factorised_embeddings_is_refused():
+    """RoFormer-v2's LM head is the tied word embeddings alone: with embedding_size != hidden_size it failed at the
+    first forward pass with a shape error from inside F.linear."""
+    config = RoFormerConfig(**tiny_fields(norm_type="rms_norm", embedding_size=8))
+    with pytest.raises(ValueError, match=r"RoFormerConfig\.embedding_size \(8\) must equal hidden_size \(16\)"):
+        RoFormerForMaskedLM(config)
