@@ -6,7 +6,7 @@ model_args, data_args, run_args, training_args = parse_arguments(
 checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
     # -> None or the checkpoint folder to resume from; raises OutputDirError for a folder that holds a
     #    previous run's checkpoints/results when neither --overwrite_output_dir nor --resume_from_checkpoint
-    #    is given. `--resume_from_checkpoint True` means "the last checkpoint-N in output_dir".
+    #    is given. `--resume_from_checkpoint True` means "the newest complete checkpoint-N in output_dir".
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from .checkpoints import checkpoint_problems, last_complete_checkpoint
 from .errors import ArgumentError, OutputDirError
 from .padding_free import PADDING_FREE_CHOICES, check_padding_free
 
@@ -159,17 +160,27 @@ def previous_run_artifacts(output_dir) -> list[str]:
     )
 
 
-def resolve_checkpoint(resume_from_checkpoint: str | None, output_dir) -> str | None:
-    """`--resume_from_checkpoint` as given ("True"/"1": the last checkpoint-N in output_dir) -> a folder or None."""
+def resolve_checkpoint(training_args: TrainingArguments) -> str | None:
+    """`--resume_from_checkpoint` as given -> a folder or None. "True"/"1": the newest complete checkpoint-N in
+    output_dir (newer incomplete ones, left by a killed run, are set aside: finetune/checkpoints.py); a path must be
+    a complete checkpoint."""
+    resume_from_checkpoint, output_dir = training_args.resume_from_checkpoint, training_args.output_dir
     if resume_from_checkpoint is None or str(resume_from_checkpoint).lower() in ("false", "0", ""):
         return None
     if str(resume_from_checkpoint).lower() in ("true", "1"):
-        last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
-        if last is None:
+        if not Path(output_dir).is_dir() or get_last_checkpoint(output_dir) is None:
             raise OutputDirError(f"--resume_from_checkpoint True: no checkpoint-N folder in {output_dir}")
+        last = last_complete_checkpoint(output_dir, training_args)
+        if last is None:  # killed while writing its first checkpoint: nothing to resume, nothing lost either
+            logger.warning(
+                "--resume_from_checkpoint True: no complete checkpoint in %s, training from the start", output_dir
+            )
         return last
     if not Path(resume_from_checkpoint).is_dir():
         raise OutputDirError(f"--resume_from_checkpoint {resume_from_checkpoint}: no such folder")
+    problems = checkpoint_problems(resume_from_checkpoint, training_args)
+    if problems:
+        raise OutputDirError(f"--resume_from_checkpoint {resume_from_checkpoint}: incomplete ({', '.join(problems)})")
     return str(resume_from_checkpoint)
 
 
@@ -183,7 +194,7 @@ def prepare_output_dir(training_args: TrainingArguments, overwrite_output_dir: b
     """
     if training_args.output_dir is None:
         raise OutputDirError("--output_dir is required")
-    checkpoint = resolve_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    checkpoint = resolve_checkpoint(training_args)
     training_args.resume_from_checkpoint = checkpoint
     found = previous_run_artifacts(training_args.output_dir)
     if training_args.do_train and found and checkpoint is None and not overwrite_output_dir:
