@@ -46,6 +46,7 @@ from transformers import (
 
 from . import metrics
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
+from .distributed import exit_on_lost_process, prepare_processes, save_as_own_class
 from .errors import DataError, exit_on_data_error
 from .glue_data import GlueTask, Table, get_task, read_files, read_hub, split_files, submission_name
 from .glue_metrics import TASK_METRICS
@@ -269,6 +270,7 @@ def check_splits(training_args: TrainingArguments, tables: dict) -> None:
 
 
 @exit_on_data_error
+@exit_on_lost_process
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Run the script with `argv` (default: sys.argv[1:]); returns every metric it reported."""
     model_args, data_args, run_args, training_args = parse_arguments(
@@ -309,6 +311,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     }
 
     count_tokens(training_args)
+    prepare_processes(training_args)
     trainer = Trainer(
         model=model,
         args=training_args,
@@ -322,6 +325,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         callbacks=[ThroughputCallback()],
     )
     padding_free.attach(trainer)
+    save_as_own_class(trainer)
 
     def evaluate() -> dict[str, float]:
         """Every validation split: MNLI's mismatched one under `eval_mm_*`."""

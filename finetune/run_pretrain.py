@@ -69,6 +69,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingA
 from transformers.trainer_utils import get_last_checkpoint
 
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
+from .distributed import exit_on_lost_process, prepare_processes, save_as_own_class
 from .errors import ArgumentError, exit_on_data_error
 from .loading import load_config, load_model, load_tokenizer
 from .padding_free import plan_padding_free
@@ -253,6 +254,7 @@ ARGUMENT_GROUPS = (
 
 
 @exit_on_data_error
+@exit_on_lost_process
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Run the script with `argv` (default: sys.argv[1:]); returns every metric it reported."""
     run = PretrainRun(*parse_arguments(ARGUMENT_GROUPS, argv))
@@ -327,6 +329,7 @@ def pretrain(objective: str, run: PretrainRun, checkpoint: str | None = None) ->
             **replace,
         )
     count_tokens(training_args)
+    prepare_processes(training_args)
     training_args.remove_unused_columns = False  # the collator reads word_starts / mask_seed and drops them
     common = dict(
         model=model,
@@ -368,6 +371,7 @@ def pretrain(objective: str, run: PretrainRun, checkpoint: str | None = None) ->
         )
 
     padding_free.attach(trainer)
+    save_as_own_class(trainer)
 
     def evaluate() -> dict[str, float]:
         metrics = trainer.evaluate()

@@ -1,0 +1,143 @@
+"""Several processes on CPU (torchrun, gloo): the --ddp_timeout the user set, FSDP that shards, saved models that load.
+
+    @exit_on_data_error
+    @exit_on_lost_process             # a failed collective: one line naming what happened, exit status 1
+    def main(argv=None):
+        ...
+        prepare_processes(training_args)  # before building the Trainer
+        trainer = Trainer(...)
+        save_as_own_class(trainer)        # checkpoints, the final model and push_to_hub keep the model's remote code
+
+A process that dies (SIGKILL, out of memory) or hangs: under torchrun on one machine the agent sees a worker exit
+and stops the others at once (SIGTERM, then SIGKILL 30 s later), naming the worker and its signal. The processes
+on another machine, or beside a worker that hangs without exiting, learn it from their next collective: gloo raises
+at once when the peer's connection closes, and after --ddp_timeout when the peer is silent. `exit_on_lost_process`
+turns that error into one line and leaves at once, without the interpreter's teardown (which can wait on gloo's
+threads for good, see tests/helpers/littlebird_ddp.py).
+
+Three things go wrong on CPU without this module (transformers 5.23, accelerate 1.15, torch 2.13):
+
+- `--ddp_timeout` is passed to the process group only on GPUs (TrainingArguments._setup_devices): a CPU run keeps
+  gloo's 30 minutes, so a process that hangs (a stopped or unreachable peer) held the others for half an hour
+  whatever the user set. `prepare_processes` sets the process group's timeout to --ddp_timeout: a collective that
+  waits longer for a silent peer raises, and the process exits with that error.
+- `--fsdp` (with `--fsdp_config`) is Trainer's FSDP: FSDP2 `fully_shard` by default (fsdp_config {"version": 2}),
+  each encoder layer wrapped on its own (the models' `_no_split_modules`). accelerate attaches the FSDP plugin only
+  on accelerators: on CPU its state stays MULTI_CPU, the plugin is dropped and Trainer silently trains plain DDP.
+  torch's `fully_shard` runs on CPU with gloo, so `prepare_processes` makes accelerate's state FSDP there, as it is
+  on a GPU.
+- `fully_shard` changes the model's class in place to a subclass `FSDP<Model>` defined in torch's `_fsdp_init`
+  module, and `save_pretrained` writes the remote code of the model's class: every checkpoint got torch's private
+  `_fsdp_*.py` files instead of `modeling_<model>.py`, and a config `auto_map` naming `_fsdp_init.FSDP<Model>`.
+  `save_as_own_class` saves under the model's own class.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+import accelerate.state
+import torch.distributed as dist
+from accelerate.utils import DistributedType
+from torch.distributed.fsdp import FSDPModule
+from transformers import Trainer, TrainingArguments
+
+logger = logging.getLogger(__name__)
+
+# What the scripts exit with when a collective fails (as for bad input: the user has to act, here by resuming).
+LOST_PROCESS_EXIT_STATUS = 1
+
+
+def collective_failed(error: BaseException) -> bool:
+    """Whether `error` is a collective that failed (torch's DistError, or gloo's RuntimeError) in a multi-process
+    run."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and "gloo" in str(error))
+
+
+def exit_on_lost_process(main: Callable) -> Callable:
+    """Wrap a script's `main(argv=None)`: when a collective fails because another process died or stopped answering,
+    say so in one line (with gloo's or NCCL's message) and exit with LOST_PROCESS_EXIT_STATUS."""
+
+    @functools.wraps(main)
+    def wrapper(argv: list[str] | None = None):
+        try:
+            return main(argv)
+        except (RuntimeError, dist.DistError) as error:
+            if not collective_failed(error):
+                raise
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            print(
+                f"error (processes): process {dist.get_rank()} of {dist.get_world_size()}: another process of this "
+                "run died or stopped answering (a silent one is given up after --ddp_timeout); resume from the last "
+                f"checkpoint with --resume_from_checkpoint True. {type(error).__name__}: {reason}",
+                file=sys.stderr,
+            )
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Not through the interpreter's teardown: destroying a gloo process group whose peer is gone can wait on
+            # its worker threads for good, and this process would then never exit.
+            os._exit(LOST_PROCESS_EXIT_STATUS)
+
+    return wrapper
+
+
+def prepare_processes(training_args: TrainingArguments) -> None:
+    """On CPU: --ddp_timeout for the process group, and --fsdp that shards (see the module's docstring)."""
+    if training_args.device.type != "cpu":
+        return
+    if dist.is_available() and dist.is_initialized():
+        # A private torch function, the only way to change the timeout of a process group that accelerate created.
+        dist.distributed_c10d._set_pg_timeout(training_args.ddp_timeout_delta)
+    if training_args.fsdp_plugin_args is not None:
+        shard_on_cpu()
+
+
+def shard_on_cpu() -> None:
+    """Make accelerate build FSDP on CPU as it does on a GPU (once per process)."""
+    init = accelerate.state.AcceleratorState.__init__
+    if getattr(init, "shards_on_cpu", False):
+        return
+
+    @functools.wraps(init)
+    def init_sharding_on_cpu(state, *args, fsdp_plugin=None, **kwargs):
+        init(state, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        # What AcceleratorState.__init__ does with an FSDP plugin on a GPU (accelerate/state.py), skipped on CPU.
+        if fsdp_plugin is not None and state.distributed_type == DistributedType.MULTI_CPU:
+            state.distributed_type = DistributedType.FSDP
+            state.fsdp_plugin = fsdp_plugin
+            accelerate.state.PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    init_sharding_on_cpu.shards_on_cpu = True
+    accelerate.state.AcceleratorState.__init__ = init_sharding_on_cpu
+
+
+def own_class(model) -> type:
+    """The class `fully_shard` subclassed (FSDP<Model> -> Model); the model's class when it is not sharded."""
+    if not isinstance(model, FSDPModule):
+        return type(model)
+    return next(base for base in type(model).__bases__ if not issubclass(base, FSDPModule))
+
+
+def save_as_own_class(trainer: Trainer) -> None:
+    """Make every save of `trainer` (checkpoints, the final model, push_to_hub) write the model under its own class.
+    Trainer._save is private: it is where process 0 writes the weights, gathered from the shards on every process
+    before, with save_pretrained; only the class object changes during it, not the modules or their parameters."""
+    save = trainer._save
+
+    def save_under_own_class(*args, **kwargs):
+        model = trainer.model
+        sharded_class = type(model)
+        model.__class__ = own_class(model)
+        try:
+            return save(*args, **kwargs)
+        finally:
+            model.__class__ = sharded_class
+
+    trainer._save = save_under_own_class
