@@ -8,15 +8,24 @@ one-line message names the broken file and says what is wrong with it.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 
 import pytest
 import torch
+from helpers.corrupt import (
+    config_field_of_the_wrong_type,
+    config_not_json,
+    corrupt_header,
+    pickle_that_runs_code,
+    remove_a_shard,
+    truncate,
+    truncate_shard,
+    unknown_model_type,
+    wrong_dtype,
+    wrong_shape,
+)
 from helpers.modeling import tiny_config
-from safetensors.torch import load_file, save_file
 from transformers import AutoModelForMaskedLM
 
 import posformers
@@ -30,16 +39,6 @@ FAMILIES = {
 SHARD_SIZE = "40KB"
 
 
-class RunsCodeOnUnpickle:
-    """A pickle payload that would create `marker` if unpickled (what a malicious .bin does with os.system)."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.makedirs, (self.marker,))
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """{family: (model, folder, sharded folder)} of tiny MLMs saved by save_pretrained."""
@@ -51,80 +50,6 @@ def saved(tmp_path_factory):
         model.save_pretrained(root / f"{family}-sharded", max_shard_size=SHARD_SIZE)
         folders[family] = (model, root / family, root / f"{family}-sharded")
     return folders
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# How each case breaks a folder; each returns the file it broke
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def truncate(folder):
-    file = folder / "model.safetensors"
-    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])  # a download cut halfway
-    return file
-
-
-def truncate_shard(folder):
-    file = sorted(folder.glob("model-*.safetensors"))[-1]
-    file.write_bytes(file.read_bytes()[:-100])
-    return file
-
-
-def corrupt_header(folder):
-    file = folder / "model.safetensors"
-    data = bytearray(file.read_bytes())
-    data[8:24] = b"\x00garbage-bytes\xff\xfe"  # the JSON header's first bytes
-    file.write_bytes(bytes(data))
-    return file
-
-
-def remove_a_shard(folder):
-    sorted(folder.glob("model-*.safetensors"))[-1].unlink()
-    return folder / "model.safetensors.index.json"
-
-
-def _edit_tensor(folder, edit):
-    file = folder / "model.safetensors"
-    tensors = load_file(file)
-    key = next(key for key in tensors if key.endswith("query.weight") or key.endswith("query_proj.weight"))
-    tensors[key] = edit(tensors[key])
-    save_file(tensors, file, metadata={"format": "pt"})
-    return file
-
-
-def wrong_shape(folder):
-    return _edit_tensor(folder, lambda tensor: torch.zeros(3, 3))
-
-
-def wrong_dtype(folder):
-    return _edit_tensor(folder, lambda tensor: (tensor * 1000).to(torch.int64))
-
-
-def pickle_that_runs_code(folder):
-    (folder / "model.safetensors").unlink()
-    file = folder / "pytorch_model.bin"
-    torch.save({"weight": torch.ones(2), "payload": RunsCodeOnUnpickle(folder / "pwned")}, file)
-    return file
-
-
-def config_not_json(folder):
-    file = folder / "config.json"
-    file.write_text(file.read_text()[:-40])  # truncated
-    return file
-
-
-def _edit_config(folder, **fields):
-    file = folder / "config.json"
-    file.write_text(json.dumps({**json.loads(file.read_text()), **fields}))
-    return file
-
-
-def config_field_of_the_wrong_type(folder):
-    return _edit_config(folder, hidden_size="32")
-
-
-def unknown_model_type(folder):
-    return _edit_config(folder, model_type="posformers-nosuchmodel")
 
 
 # case -> (break the folder, sharded?, the problem the message must state, loaders)
