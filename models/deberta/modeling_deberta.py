@@ -24,6 +24,7 @@ This file imports only torch, transformers and its sibling `configuration_debert
 to the Hub for `trust_remote_code` users.
 """
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,21 +92,41 @@ class RelativePositions:
     """Which rows of the relative embedding table a length-L self-attention uses, and where.
 
     Rows `first_row .. first_row + num_rows - 1` of the (2k, hidden) table are the only ones any query/key pair
-    reaches, so only they are projected. With `r(i, j)` the row (counted from `first_row`) holding the embedding of
-    query i's position relative to key j:
+    reaches, so only they are projected. The row depends on the distance i - j alone, so one (2L - 1) vector holds
+    it; the (L, L) indices the gathers read are built from it on first use (the fused kernel reads the vector):
 
+    distance_rows: (2L - 1,) long, `r(d)` for d = i - j = -(L - 1) .. L - 1 (at index d + L - 1): the row, counted
+        from `first_row`, holding the embedding of a query d positions after its key;
     c2p_index: (L, L) long, `num_rows - 1 - r(i, j)`: the column of the content-to-position table, whose rows run in
         reverse so that each query reads its table row front to back (r(i, j) decreases along j);
     p2c_index: (L, L) long, `r(i, j)`: the row of the position-to-content table for query i and key j.
     cache: in inference, what the layers reuse instead of recomputing or reallocating (`InferenceCache`), else None.
     """
 
-    c2p_index: torch.Tensor
-    p2c_index: torch.Tensor
+    distance_rows: torch.Tensor
     first_row: int
     num_rows: int
     cache: "InferenceCache | None" = None  # set by the encoder in inference
+    _p2c_index: torch.Tensor | None = None
+    _c2p_index: torch.Tensor | None = None
     _p2c_flat_index: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return (self.distance_rows.shape[0] + 1) // 2
+
+    @property
+    def p2c_index(self) -> torch.Tensor:
+        if self._p2c_index is None:
+            positions = torch.arange(self.length, device=self.distance_rows.device)
+            self._p2c_index = self.distance_rows[positions[:, None] - positions[None, :] + (self.length - 1)]
+        return self._p2c_index
+
+    @property
+    def c2p_index(self) -> torch.Tensor:
+        if self._c2p_index is None:
+            self._c2p_index = (self.num_rows - 1) - self.p2c_index
+        return self._c2p_index
 
     @property
     def p2c_flat_index(self) -> torch.Tensor:
@@ -138,9 +159,7 @@ def relative_positions(length: int, config: DebertaConfig, device: torch.device)
         farthest = _farthest_bucket(length - 1, buckets, max_position) if buckets > 0 else length - 1
     first_row = max(span - farthest, 0)
     num_rows = min(span + farthest, 2 * span - 1) - first_row + 1
-    positions = torch.arange(length, device=device)
-    index = rows[positions[:, None] - positions[None, :] + (length - 1)] - first_row  # (L, L)
-    return RelativePositions(c2p_index=(num_rows - 1) - index, p2c_index=index, first_row=first_row, num_rows=num_rows)
+    return RelativePositions(distance_rows=rows - first_row, first_row=first_row, num_rows=num_rows)
 
 
 def position_score_tables(
@@ -689,30 +708,145 @@ def sdpa_attention(query, key, value, position_bias, attention_mask, scaling: fl
     return context.transpose(1, 2), None
 
 
-def flex_attention(
-    query, key, value, c2p_table, p2c_table, positions, attention_mask, scaling: float, dropout: float, training: bool
-):
-    """FlexAttention with the disentangled scores read from the (L x R) tables inside the kernel: the (L x L) bias is
-    never materialised. attention_mask must be a key mask, (B, 1, 1, L), or None."""
-    from transformers.integrations.flex_attention import compile_friendly_flex_attention
+# The fused kernel (FlexAttention): "flex_attention" and "posformers_fused" both run it. It reads the c2p/p2c scores
+# from their (L x R) tables inside the kernel and masks padding and sequence boundaries per block, so that neither a
+# (B, H, L, L) bias nor an (L, L) index exists; gradients reach the tables through FlexAttention's support for
+# tensors captured by a score_mod.
+FUSED_IMPLEMENTATIONS = ("posformers_fused", "flex_attention")
+FLEX_BLOCK_SIZE = 128
+# FlexAttention has a backward only where torch generates its kernels with Triton; on CPU (torch 2.13) it has a
+# forward only, so a training pass there runs the sdpa kernel instead.
+FLEX_BACKWARD_DEVICES = ("cuda", "xpu", "hpu")
 
-    if training and dropout > 0:
-        raise ValueError("attn_implementation='flex_attention' does not support attention dropout; use 'sdpa'")
-    key_mask = attention_mask[:, 0, 0] if attention_mask is not None else None
-    c2p_index = positions.c2p_index if positions is not None else None
-    p2c_index = positions.p2c_index if positions is not None else None
 
-    def score_mod(score, batch, head, q_idx, kv_idx):
-        if c2p_table is not None:
-            score = score + c2p_table[batch, head, q_idx, c2p_index[q_idx, kv_idx]]
-        if p2c_table is not None:
-            score = score + p2c_table[batch, head, p2c_index[q_idx, kv_idx], kv_idx]
-        if key_mask is not None:
-            score = torch.where(key_mask[batch, kv_idx], score, torch.finfo(score.dtype).min)
-        return score
+def flex_attention_available() -> bool:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
-    context = compile_friendly_flex_attention(query, key, value, training=training, score_mod=score_mod, scale=scaling)
-    return context.transpose(1, 2), None
+
+@functools.cache
+def compiled_flex_attention(device_type: str) -> Callable[..., torch.Tensor]:
+    """flex_attention compiled once per process and device type (uncompiled it runs a dense reference
+    implementation). On CPU with static shapes: inductor's CPU template fails to build the kernel once a new length
+    makes the shapes dynamic (torch 2.13: undeclared `cur_qSplitSize` in the generated C++), so each length compiles
+    its own; elsewhere shapes turn dynamic after the first new length, as torch.compile does by default."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False if device_type == "cpu" else None)
+
+
+def flex_attention_kernel(device_type: str) -> Callable[..., torch.Tensor]:
+    """The compiled kernel, or the plain function inside a graph that is being compiled (it compiles with it)."""
+    if is_torchdynamo_compiling():
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention
+    return compiled_flex_attention(device_type)
+
+
+def kernel_distance_rows(positions: RelativePositions) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The relative rows the fused kernel reads, padded to a power-of-two width P >= L so that batches of nearby
+    lengths reuse one compiled kernel (the offset is a constant of the kernel).
+
+    Returns p2c_rows (2P - 1,) long, the row r(d) for d = i - j at index d + P - 1 (distances beyond L - 1 repeat the
+    edge rows: no real pair reaches them); c2p_columns (2P - 1,) long, `num_rows - 1 - r(d)`; and the offset P - 1.
+    """
+    length = positions.length
+    width = 1 << max(length - 1, 0).bit_length()
+    rows, extra = positions.distance_rows, width - length
+    if extra:
+        rows = torch.cat([rows[:1].expand(extra), rows, rows[-1:].expand(extra)])
+    return rows, (positions.num_rows - 1) - rows, width - 1
+
+
+def blocks_to_mask(partial: torch.Tensor, full: torch.Tensor, mask_mod, length: int, block_size: int):
+    """A FlexAttention BlockMask from block flags. partial, full: (B, Q_blocks, K_blocks) bool, the key blocks each
+    query block reads with `mask_mod` applied / in full; a block in neither is skipped."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    def listed(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = flags.sum(-1, dtype=torch.int32)[:, None]  # (B, 1, Q_blocks)
+        order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True).to(torch.int32)[:, None]
+        return counts, order  # the flagged blocks first, in order
+
+    kv_num_blocks, kv_indices = listed(partial)
+    full_kv_num_blocks, full_kv_indices = listed(full)
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks,
+        kv_indices,
+        full_kv_num_blocks,
+        full_kv_indices,
+        BLOCK_SIZE=block_size,
+        mask_mod=mask_mod,
+        seq_lengths=(length, length),
+    )
+
+
+def key_padding_block_mask(key_mask: torch.Tensor, block_size: int = FLEX_BLOCK_SIZE):
+    """The BlockMask of a (B, L) bool key mask (True = attend): all-padding key blocks skipped, all-real ones read
+    without a mask, the others masked per key."""
+    batch, length = key_mask.shape
+    blocks = -(-length // block_size)
+    padded = F.pad(key_mask, (0, blocks * block_size - length))  # the tail past L counts as padding
+    per_block = padded.view(batch, blocks, block_size)
+    full = per_block.all(-1)
+    partial = per_block.any(-1) & ~full
+
+    def mask_mod(batch_idx, head_idx, q_idx, kv_idx):
+        return padded[batch_idx, kv_idx]
+
+    expand = (batch, blocks, blocks)
+    return blocks_to_mask(partial[:, None].expand(expand), full[:, None].expand(expand), mask_mod, length, block_size)
+
+
+def document_block_mask(cu_seqlens: torch.Tensor, length: int, block_size: int = FLEX_BLOCK_SIZE):
+    """The BlockMask of a packed row of `length` tokens holding sequences that start at `cu_seqlens` (the varlen
+    layout): each token attends the tokens of its own sequence. A block pair is read in full when both blocks lie
+    inside one sequence, skipped when their sequences cannot meet."""
+    blocks = -(-length // block_size)
+    tokens = torch.arange(blocks * block_size, device=cu_seqlens.device)
+    document = torch.searchsorted(cu_seqlens[1:].long(), tokens, right=True)
+    document = document.masked_fill(tokens >= length, -1)  # the tail past the row: no block holding it is full
+    per_block = document.view(blocks, block_size)
+    low, high = per_block.min(-1).values, per_block.max(-1).values
+    meet = (low[:, None] <= high[None, :]) & (low[None, :] <= high[:, None])
+    single = low == high
+    full = meet & single[:, None] & single[None, :]
+
+    def mask_mod(batch_idx, head_idx, q_idx, kv_idx):
+        return document[q_idx] == document[kv_idx]
+
+    return blocks_to_mask((meet & ~full)[None], full[None], mask_mod, length, block_size)
+
+
+def fused_attention(query, key, value, c2p_table, p2c_table, positions, block_mask, scaling: float):
+    """Disentangled attention in one FlexAttention kernel, the position scores read from their tables in its
+    score_mod: score(i, j) + c2p_table[i, R - 1 - r(i - j)] + p2c_table[r(i - j), j].
+
+    query, key, value: (B, H, L, D); c2p_table (B, H, L, R), p2c_table (B, H, R, L), already scaled, or None;
+    positions: the RelativePositions the tables were built for (L, or the longest sequence of a packed row), or None;
+    block_mask: a BlockMask (`key_padding_block_mask`, `document_block_mask`) or None. Returns (B, L, H, D).
+    """
+    score_mod = None
+    if positions is not None and (c2p_table is not None or p2c_table is not None):
+        p2c_rows, c2p_columns, offset = kernel_distance_rows(positions)
+        last = 2 * offset
+
+        def score_mod(score, batch, head, q_idx, kv_idx):
+            distance = (q_idx - kv_idx + offset).clamp(0, last)  # clamped: pairs across sequences are masked
+            if c2p_table is not None:
+                score = score + c2p_table[batch, head, q_idx, c2p_columns[distance]]
+            if p2c_table is not None:
+                score = score + p2c_table[batch, head, p2c_rows[distance], kv_idx]
+            return score
+
+    context = flex_attention_kernel(query.device.type)(
+        query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling
+    )
+    return context.transpose(1, 2)
 
 
 class DisentangledSelfAttention(nn.Module):
@@ -865,6 +999,20 @@ class DisentangledSelfAttention(nn.Module):
         implementation = self.config._attn_implementation or "eager"
         if output_attentions and implementation != "eager":
             implementation = "eager"  # only the eager kernel returns the weights
+        if implementation in FUSED_IMPLEMENTATIONS:
+            implementation = self.fused_or_sdpa(query, attention_mask)
+        if implementation == "posformers_fused":
+            c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query)
+            if isinstance(positions, PackedPositions):
+                packing = positions.packing
+                cache = packing.__dict__.setdefault("_block_masks", {})  # one per pass, shared by the layers
+                if "document" not in cache:
+                    cache["document"] = document_block_mask(packing.cu_seqlens, packing.num_tokens)
+                block_mask = cache["document"]
+            else:
+                block_mask = key_padding_block_mask(attention_mask[:, 0, 0]) if attention_mask is not None else None
+            context = fused_attention(query, key, value, c2p_table, p2c_table, widest, block_mask, self.scaling)
+            return context.reshape(batch_size, seq_len, -1), None
         if not isinstance(positions, PackedPositions):
             context, weights = self.attend(
                 query, key, value, pos_key, pos_query, positions, attention_mask, implementation
@@ -897,15 +1045,27 @@ class DisentangledSelfAttention(nn.Module):
         context = grouped_attention(positions.packing, attend_group, *packed)
         return context.reshape(batch_size, seq_len, -1), None
 
+    def fused_or_sdpa(self, query: torch.Tensor, attention_mask: torch.Tensor | None) -> str:
+        """ "posformers_fused" when the fused kernel can run this pass, else "sdpa" (noted once per reason): it has no
+        attention dropout, reads key masks only (not a (B, L, L) mask), and trains only where FlexAttention has a
+        backward (`FLEX_BACKWARD_DEVICES`)."""
+        if self.training and self.attention_dropout > 0:
+            reason = "attention dropout (set attention_probs_dropout_prob=0 to train with the fused kernel)"
+        elif attention_mask is not None and attention_mask.shape[-2] != 1:
+            reason = "a (B, L, L) attention_mask (pass the 2D padding mask)"
+        elif query.requires_grad and query.device.type not in FLEX_BACKWARD_DEVICES:
+            reason = f"a backward pass on {query.device.type} (FlexAttention has a backward on {FLEX_BACKWARD_DEVICES})"
+        else:
+            return "posformers_fused"
+        logger.warning_once(f"The fused DeBERTa attention runs the sdpa kernel for {reason}.")
+        return "sdpa"
+
     def attend(self, query, key, value, pos_key, pos_query, positions, attention_mask, implementation: str):
         """Disentangled attention of (B, H, L, D) queries, keys and values, with the position keys and queries of the
         relative rows `positions` (RelativePositions or None) uses; attention_mask bool (True = attend) broadcastable
         to (B, H, L, L), or None. Returns (context (B, L, H, D), weights (B, H, L, L) from the eager kernel, else
         None)."""
         args = (self.scaling, self.attention_dropout, self.training)
-        if implementation == "flex_attention" and (attention_mask is None or attention_mask.shape[-2] == 1):
-            c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query)
-            return flex_attention(query, key, value, c2p_table, p2c_table, positions, attention_mask, *args)
         bias = position_bias(query, key, pos_key, pos_query, positions) if positions is not None else None
         kernel = eager_attention if implementation == "eager" else sdpa_attention
         return kernel(query, key, value, bias, attention_mask, *args)
@@ -1127,6 +1287,27 @@ class DebertaPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     # Official checkpoints carry the absolute position table (used by the EMD only) and the pre-training heads.
     _keys_to_ignore_on_load_unexpected = [r"position_embeddings", r"^lm_predictions\.", r"^mask_predictions\."]
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        # transformers guesses from the module's source (a call of its AttentionInterface) whether attention reads
+        # `config._attn_implementation` on every pass, and otherwise makes `set_attn_implementation` a warning that
+        # changes nothing. DisentangledSelfAttention.forward does read it, so switching kernels is allowed.
+        return True
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """transformers' choice, plus "posformers_fused" (the fused kernel, `fused_attention`), which is also the
+        default where CUDA is available; elsewhere the default stays "sdpa" (the faster kernel on CPU)."""
+        if requested_attention is None and torch.cuda.is_available() and flex_attention_available():
+            requested_attention = "posformers_fused"
+        if requested_attention == "posformers_fused":
+            if not flex_attention_available():
+                raise ValueError(
+                    f"attn_implementation='posformers_fused' needs torch.nn.attention.flex_attention (torch >= 2.5); "
+                    f"this torch is {torch.__version__}"
+                )
+            return requested_attention
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     # Copied from posformers.roformer.modeling_roformer.RoFormerPreTrainedModel.from_pretrained
     @classmethod
