@@ -1,0 +1,502 @@
+"""Property-based tests (hypothesis) of DeBERTa: configs and inputs nobody wrote by hand.
+
+Valid configs are drawn over every option the config exposes, at tiny sizes (hidden <= 32, <= 2 layers): heads and
+head sizes, relative attention on or off, position buckets (none, 0, or 2 up to the largest the clipping distance
+allows), max_relative_positions (default, or 1 to beyond the inputs), pos_att_type (any subset, in any order, as a
+list, an official "a|b" string, "none" or None), share_att_key, norm_rel_ebd, position_biased_input, the v1 fused and
+v2/v3 separate projection layouts, the v2 convolution (kernel, activation, groups), embedding_size, token types, the
+pooler, the Enhanced Mask Decoder's steps, tied embeddings, pad ids. They run on random right-padded batches (rows of
+length 1 to beyond max_relative_positions and the buckets' exact window, fully padded rows, extra padding columns,
+random ids at padding, token_type_ids and position_ids per row or broadcast, inputs_embeds) through the heads.
+
+The reference is never the output under test itself: each sequence run alone without padding is what every backend
+(eager, sdpa; padded and padding-free; a flattened batch; flex_attention) must give at its real tokens.
+
+Invalid configs and inputs change one field or argument of a valid draw and must raise a ValueError or TypeError
+whose message names it.
+
+Tolerance: float32 throughout. The backends and the packing only reorder sums (at most 32-term dot products and
+softmaxes over at most ~30 keys here), and the LayerNorms may amplify by the inverse of a small standard deviation;
+the largest difference observed over every example is 1.4e-5, so TOLERANCE = 1e-4 leaves a wide margin while a wrong
+mask, relative row or position moves outputs by O(0.01-1) (`test_tolerance_detects_an_unmasked_padding_token`
+shows one such slip failing it).
+"""
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from posformers import (
+    DebertaConfig,
+    DebertaForMaskedLM,
+    DebertaForQuestionAnswering,
+    DebertaForReplacedTokenDetection,
+    DebertaForSequenceClassification,
+    DebertaForTokenClassification,
+    DebertaModel,
+)
+
+TOLERANCE = 1e-4
+# Examples per test scale with POSFORMERS_HYPOTHESIS_SCALE (e.g. 10 for a long local hunt); CI runs scale 1,
+# derandomized so that every run tries the same examples.
+SCALE = float(os.environ.get("POSFORMERS_HYPOTHESIS_SCALE", "1"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a loaded machine the threads' hand-offs cost more than
+    the arithmetic: one thread for this module, the previous count restored after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def examples(count: int) -> settings:
+    return settings(
+        max_examples=max(1, int(count * SCALE)),
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+# Each head and whether its outputs are per token (compared at real tokens) or per row (compared on rows that hold a
+# real token: a fully padded row has no first token to pool).
+HEADS = {
+    "base": DebertaModel,
+    "mlm": DebertaForMaskedLM,
+    "rtd": DebertaForReplacedTokenDetection,
+    "token": DebertaForTokenClassification,
+    "sequence": DebertaForSequenceClassification,
+    "qa": DebertaForQuestionAnswering,
+}
+PER_ROW_HEADS = {"sequence"}
+ACTIVATIONS = ["gelu", "relu", "tanh", "gelu_new", "silu"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Strategies
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def pos_att_types(draw):
+    """Any subset of the position terms, in any order, in each spelling the config accepts."""
+    entries = draw(st.lists(st.sampled_from(["c2p", "p2c"]), unique=True, max_size=2))
+    if not entries:
+        return draw(st.sampled_from([None, [], "none", ""]))
+    spelling = draw(st.sampled_from(["list", "string", "upper"]))
+    if spelling == "list":
+        return entries
+    text = "|".join(entries)
+    return text.upper() if spelling == "upper" else text
+
+
+@st.composite
+def config_fields(draw, head: str = "base") -> dict:
+    """Keyword arguments of a valid tiny DebertaConfig for `head`, every option drawn."""
+    heads = draw(st.integers(1, 4))
+    # 4 wide at least: a LayerNorm over 2 features is nearly sign(x1 - x2), which turns float rounding into O(1)
+    head_dim = draw(st.integers(max(1, -(-4 // heads)), 32 // heads))
+    hidden = heads * head_dim
+    max_positions = draw(st.integers(2, 40))
+    relative = draw(st.booleans())
+    max_relative = draw(st.sampled_from([-1, 0]) | st.integers(1, 48))
+    distance = max_relative if max_relative >= 1 else max_positions
+    # Buckets need relative attention and half of them below the clipping distance - 1; without relative attention a
+    # positive value is accepted and ignored (with a logged note), as the official code does.
+    buckets = draw(st.sampled_from([-1, 0]))
+    if relative and distance >= 3 and draw(st.booleans()):
+        buckets = draw(st.integers(2, min(2 * distance - 3, 64)))
+    elif not relative and draw(st.booleans()):
+        buckets = draw(st.integers(1, 64))
+    fields = dict(
+        vocab_size=draw(st.integers(2, 40)),
+        hidden_size=hidden,
+        num_hidden_layers=draw(st.integers(1, 2)),
+        num_attention_heads=heads,
+        intermediate_size=draw(st.integers(1, 40)),
+        hidden_act=draw(st.sampled_from(ACTIVATIONS)),
+        # dropout is off in eval mode, where every comparison runs
+        hidden_dropout_prob=draw(st.sampled_from([0.0, 0.1, 0.5])),
+        attention_probs_dropout_prob=draw(st.sampled_from([0.0, 0.1])),
+        max_position_embeddings=max_positions,
+        type_vocab_size=draw(st.integers(0, 3)),
+        # large weights make the position terms matter against the content terms
+        initializer_range=draw(st.sampled_from([0.02, 0.2, 0.5])),
+        layer_norm_eps=draw(st.sampled_from([1e-12, 1e-7, 1e-3])),
+        relative_attention=relative,
+        max_relative_positions=max_relative,
+        position_buckets=buckets,
+        pos_att_type=draw(pos_att_types()),
+        share_att_key=draw(st.booleans()),
+        norm_rel_ebd=draw(st.sampled_from(["none", "layer_norm", "none|layer_norm", "LAYER_NORM"])),
+        position_biased_input=draw(st.booleans()),
+        projection_layout=draw(st.sampled_from(["separate", "fused"])),
+        emd_steps=draw(st.integers(0, 3)),
+        tie_word_embeddings=draw(st.booleans()),
+        pooler_hidden_act=draw(st.sampled_from(ACTIVATIONS)),
+        pooler_dropout=draw(st.sampled_from([0, 0.2])),
+        cls_dropout=draw(st.sampled_from([None, 0.0, 0.3])),
+    )
+    if draw(st.booleans()):
+        fields["attention_head_size"] = head_dim
+    fields["pad_token_id"] = draw(st.none() | st.integers(0, fields["vocab_size"] - 1))
+    if draw(st.booleans()):
+        fields["question_token_id"] = draw(st.integers(0, fields["vocab_size"] - 1))
+    kernel = draw(st.sampled_from([0, 0, 1, 3, 5]))
+    if kernel:
+        divisors = [d for d in range(1, hidden + 1) if hidden % d == 0]
+        fields.update(
+            conv_kernel_size=kernel,
+            conv_act=draw(st.sampled_from(ACTIVATIONS)),
+            conv_groups=draw(st.sampled_from(divisors)),
+        )
+    if draw(st.booleans()):
+        fields["embedding_size"] = draw(st.integers(1, 32))
+    if draw(st.booleans()):
+        fields["pooler_hidden_size"] = draw(st.integers(1, 32))
+    if head == "mlm" and fields.get("embedding_size", hidden) != hidden and not fields["position_biased_input"]:
+        fields["emd_steps"] = 0  # the EMD adds hidden-wide position embeddings (refused otherwise, tested below)
+    if head == "sequence":
+        fields["num_labels"] = draw(st.integers(1, 3))
+    if head in ("token", "qa"):
+        fields["num_labels"] = draw(st.integers(1, 3)) if head == "token" else 2
+    return fields
+
+
+def reads_absolute_positions(fields: dict, head: str) -> bool:
+    """Whether the model reads the absolute position table: input bias, or the MLM head's Enhanced Mask Decoder."""
+    config = DebertaConfig(**fields)
+    return config.position_biased_input or (head == "mlm" and config.uses_emd)
+
+
+@st.composite
+def batches(draw, fields: dict, head: str) -> dict:
+    """A right-padded batch: row lengths 0 (fully padded) to past max_relative_positions (and, where no absolute
+    position is read, past max_position_embeddings), 0-3 extra padding columns, random ids at padding too, token types
+    and position_ids per row or (1, L) broadcast, or inputs_embeds instead of input_ids."""
+    absolute = reads_absolute_positions(fields, head)
+    given_positions = absolute and draw(st.booleans())
+    longest = 30 if not absolute or given_positions else fields["max_position_embeddings"] - 3
+    longest = max(longest, 1)
+    lengths = draw(st.lists(st.integers(0, longest), min_size=1, max_size=3).filter(lambda ls: max(ls) > 0))
+    width = max(lengths) + draw(st.integers(0, 3))
+    if absolute and not given_positions:
+        width = min(width, fields["max_position_embeddings"])
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    shape = (len(lengths), width)
+    batch = {"attention_mask": (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()}
+    if draw(st.booleans()):
+        batch["input_ids"] = torch.randint(0, fields["vocab_size"], shape, generator=generator)
+    else:
+        width_embed = fields.get("embedding_size", fields["hidden_size"])
+        batch["inputs_embeds"] = torch.randn(*shape, width_embed, generator=generator)
+    per_row = draw(st.booleans())
+    token_shape = shape if per_row else (1, width)
+    if draw(st.booleans()):
+        # without token types (type_vocab_size 0) the ids are ignored, as in transformers and the official code
+        batch["token_type_ids"] = torch.randint(0, max(fields["type_vocab_size"], 1), token_shape, generator=generator)
+    if given_positions:
+        # 1 and up: in a batch of one, position_ids restarting at 0 mark a flattened batch
+        batch["position_ids"] = torch.randint(1, fields["max_position_embeddings"], token_shape, generator=generator)
+    return batch
+
+
+@st.composite
+def cases(draw, heads=tuple(HEADS)):
+    head = draw(st.sampled_from(heads))
+    fields = draw(config_fields(head))
+    return head, fields, draw(batches(fields, head))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running and comparing
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def build(head: str, fields: dict):
+    torch.manual_seed(0)
+    return HEADS[head](DebertaConfig(**fields)).eval()
+
+
+def run(model, implementation: str, unpad_inputs: str, **inputs) -> dict[str, torch.Tensor]:
+    """The tensor outputs of `model(**inputs)` with an attention implementation and padding-free mode, no gradients."""
+    model.set_attn_implementation(implementation)
+    model.config.unpad_inputs = unpad_inputs
+    with torch.no_grad():
+        output = model(**inputs)
+    return {key: value for key, value in output.items() if isinstance(value, torch.Tensor)}
+
+
+def row(batch: dict, index: int, length: int) -> dict:
+    """Row `index` of a batch cut to its real tokens, as a batch of one without an attention mask (a broadcast (1, L)
+    input is cut the same way)."""
+    alone = {}
+    for key, value in batch.items():
+        if key != "attention_mask":
+            alone[key] = value[min(index, value.shape[0] - 1) : min(index, value.shape[0] - 1) + 1, :length]
+    return alone
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert actual.shape == expected.shape, what
+    diff = (actual - expected).abs().max().item() if actual.numel() else 0.0
+    assert diff <= TOLERANCE, f"{what}: max abs diff {diff}"
+
+
+def alone_outputs(model, batch: dict) -> list[dict | None]:
+    """Each row's outputs run alone without padding (padded path, eager): the reference; None for an empty row."""
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    return [run(model, "eager", "never", **row(batch, i, n)) if n else None for i, n in enumerate(lengths)]
+
+
+def check_against_alone(head: str, outputs: dict, expected: list, batch: dict, what: str) -> None:
+    """Every output is finite (padding and fully padded rows included) and, at each row's real tokens (per-row heads:
+    on rows with a real token), equals the row run alone."""
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    for key, value in outputs.items():
+        assert torch.isfinite(value).all(), f"{what}: {key} is not finite"
+        for i, n in enumerate(lengths):
+            if not n:
+                continue
+            reference = expected[i][key][0]
+            actual = value[i] if head in PER_ROW_HEADS else value[i, :n]
+            assert_close(actual, reference, f"{what}: {key}, row {i} of length {n}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Valid configs and inputs
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@examples(120)
+@given(case=cases())
+def test_padded_batch_equals_each_sequence_alone_on_every_backend(case):
+    """eager and sdpa, padded and padding-free, give every real token what its sequence alone gives, and nothing is
+    NaN or inf, fully padded rows included."""
+    head, fields, batch = case
+    model = build(head, fields)
+    expected = alone_outputs(model, batch)
+    for implementation in ("eager", "sdpa"):
+        for unpad_inputs in ("never", "always"):
+            outputs = run(model, implementation, unpad_inputs, **batch)
+            check_against_alone(head, outputs, expected, batch, f"{implementation}, unpad_inputs={unpad_inputs}")
+
+
+@st.composite
+def unpositioned_cases(draw, heads=tuple(HEADS)):
+    """`cases` without position_ids (a flattened batch counts its positions itself)."""
+    head, fields, batch = draw(cases(heads))
+    batch.pop("position_ids", None)
+    if reads_absolute_positions(fields, head):
+        width = min(batch["attention_mask"].shape[1], fields["max_position_embeddings"])
+        batch = {key: value[:, :width] for key, value in batch.items()}
+        assume_some_real_token(batch)
+    return head, fields, batch, draw(st.booleans())
+
+
+def assume_some_real_token(batch: dict) -> None:
+    from hypothesis import assume
+
+    assume(bool(batch["attention_mask"].any()))
+
+
+def flatten(batch: dict, with_cu_seq_lens: bool) -> dict:
+    """The batch as transformers' DataCollatorWithFlattening builds it: the real tokens of every non-empty row in one
+    row, position_ids restarting at 0 per sequence (and cu_seq_lens_q/k when asked)."""
+    lengths = [n for n in batch["attention_mask"].sum(-1).tolist()]
+    rows = [(i, n) for i, n in enumerate(lengths) if n]
+    flat = {}
+    for key in ("input_ids", "inputs_embeds", "token_type_ids"):
+        if key in batch:
+            value = batch[key]
+            flat[key] = torch.cat([value[min(i, value.shape[0] - 1), :n] for i, n in rows])[None]
+    flat["position_ids"] = torch.cat([torch.arange(n) for _, n in rows])[None]
+    if with_cu_seq_lens:
+        cu = torch.tensor([0] + [n for _, n in rows]).cumsum(0).to(torch.int32)
+        flat.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    return flat
+
+
+@examples(50)
+@given(case=unpositioned_cases())
+def test_flattened_batch_equals_each_sequence_alone(case):
+    """A flattened batch (one row, position_ids restarting per sequence, optionally cu_seq_lens) gives each sequence
+    what it gives alone, on both kernels; sequence-level heads give one row per sequence, the QA head one row of span
+    logits per sequence."""
+    head, fields, batch, with_cu_seq_lens = case
+    model = build(head, fields)
+    expected = [out for out in alone_outputs(model, batch) if out is not None]
+    lengths = [n for n in batch["attention_mask"].sum(-1).tolist() if n]
+    starts = torch.tensor([0, *lengths]).cumsum(0).tolist()
+    for implementation in ("eager", "sdpa"):
+        outputs = run(model, implementation, "auto", **flatten(batch, with_cu_seq_lens))
+        for key, value in outputs.items():
+            assert torch.isfinite(value).all(), f"{implementation}: {key}"
+            for i, n in enumerate(lengths):
+                if head in PER_ROW_HEADS:
+                    actual = value[i]
+                elif head == "qa":  # span logits come as (sequences, longest sequence)
+                    actual = value[i, :n]
+                else:
+                    actual = value[0, starts[i] : starts[i] + n]
+                assert_close(actual, expected[i][key][0], f"{implementation}: {key}, sequence {i}")
+
+
+@examples(40)
+@given(case=cases())
+def test_inputs_embeds_and_a_3d_mask_equal_input_ids_and_the_2d_mask(case):
+    """The word embeddings of input_ids passed as inputs_embeds, and a (B, L, L) mask whose every query row is the 2D
+    key mask, give the outputs of input_ids with the 2D mask (padded and padding-free)."""
+    head, fields, batch = case
+    model = build(head, fields)
+    if "input_ids" in batch:
+        embeds = model.get_input_embeddings()(batch["input_ids"]).detach()
+        embedded = {**{k: v for k, v in batch.items() if k != "input_ids"}, "inputs_embeds": embeds}
+    else:
+        embedded = batch
+    mask = batch["attention_mask"].bool()
+    square = {**batch, "attention_mask": batch["attention_mask"][:, None, :].expand(-1, mask.shape[1], -1)}
+    for unpad_inputs in ("never", "always"):
+        expected = run(model, "sdpa", unpad_inputs, **batch)
+        outputs = run(model, "sdpa", unpad_inputs, **embedded)
+        square_outputs = run(model, "sdpa", "auto", **square)  # a 3D mask runs padded
+        for key, value in expected.items():
+            if head in PER_ROW_HEADS:
+                keep = mask.any(-1)
+                actual, square_actual, value = outputs[key][keep], square_outputs[key][keep], value[keep]
+            else:
+                actual, square_actual, value = outputs[key][mask], square_outputs[key][mask], value[mask]
+            assert_close(actual, value, f"inputs_embeds, unpad_inputs={unpad_inputs}: {key}")
+            assert_close(square_actual, value, f"3D mask against unpad_inputs={unpad_inputs}: {key}")
+
+
+def training_labels(head: str, fields: dict, batch: dict, generator: torch.Generator) -> dict:
+    """Labels for `head` on the real tokens of `batch` (-100 at padding)."""
+    mask = batch["attention_mask"].bool()
+    shape = mask.shape
+    if head == "mlm":
+        labels = torch.randint(0, fields["vocab_size"], shape, generator=generator)
+    elif head == "rtd":
+        labels = torch.randint(0, 2, shape, generator=generator)
+    elif head == "token":
+        labels = torch.randint(0, fields["num_labels"], shape, generator=generator)
+    elif head == "sequence":
+        if fields["num_labels"] == 1:
+            return {"labels": torch.randn(shape[0], generator=generator)}
+        return {"labels": torch.randint(0, fields["num_labels"], (shape[0],), generator=generator)}
+    elif head == "qa":
+        lengths = mask.sum(-1)
+        start = (torch.rand(shape[0], generator=generator) * lengths).long()
+        end = start + (torch.rand(shape[0], generator=generator) * (lengths - start)).long()
+        return {"start_positions": start, "end_positions": end}
+    else:
+        return {}
+    return {"labels": labels.masked_fill(~mask, -100)}
+
+
+@examples(40)
+@given(case=cases(), seed=st.integers(0, 2**16))
+def test_training_step_is_finite_and_padding_free_gradients_equal_padded(case, seed):
+    """In training mode (dropout 0) the loss and every gradient are finite, and the padding-free pass gives the
+    padded pass's loss and gradients (rows with a real token; a fully padded row has no first token to classify)."""
+    head, fields, batch = case
+    keep = batch["attention_mask"].any(-1)
+    batch = {key: value[keep] if value.shape[0] == keep.shape[0] else value for key, value in batch.items()}
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "pooler_dropout", "cls_dropout"):
+        fields[name] = 0.0
+    model = build(head, fields).train()
+    labels = training_labels(head, fields, batch, torch.Generator().manual_seed(seed))
+    weights = torch.randn(32, generator=torch.Generator().manual_seed(seed))
+    results = {}
+    for unpad_inputs in ("never", "always"):
+        model.config.unpad_inputs = unpad_inputs
+        model.zero_grad()
+        output = model(**batch, **labels)
+        if head == "base":  # a loss on the real tokens only
+            states = output.last_hidden_state[batch["attention_mask"].bool()]
+            loss = (states * weights[: states.shape[-1]]).sum()
+        else:
+            loss = output.loss
+        loss.backward()
+        gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        assert torch.isfinite(loss), unpad_inputs
+        assert all(torch.isfinite(g).all() for g in gradients.values()), unpad_inputs
+        results[unpad_inputs] = loss.detach(), gradients
+    (padded_loss, padded), (packed_loss, packed) = results["never"], results["always"]
+    assert_close(packed_loss, padded_loss, "loss")
+    assert packed.keys() == padded.keys()
+    for name, gradient in padded.items():
+        scale = max(1.0, gradient.abs().max().item())  # gradients grow with the number of tokens summed
+        assert_close(packed[name] / scale, gradient / scale, f"gradient of {name}")
+
+
+@pytest.mark.slow
+@examples(3)
+@given(case=cases(heads=("base", "mlm")))
+def test_flex_attention_equals_each_sequence_alone(case):
+    """flex_attention (the position scores read from the small tables inside its score_mod, the key mask there too),
+    padded and padding-free, gives every real token what its sequence alone gives. Few examples: each config compiles
+    the kernel again (10-20 s each on a loaded 2-core machine; without torch.compile flex_attention still traces every
+    call, as slowly)."""
+    head, fields, batch = case
+    model = build(head, fields)
+    expected = alone_outputs(model, batch)
+    for unpad_inputs in ("never", "always"):
+        outputs = run(model, "flex_attention", unpad_inputs, **batch)
+        check_against_alone(head, outputs, expected, batch, f"flex_attention, unpad_inputs={unpad_inputs}")
+
+
+def test_tolerance_detects_an_unmasked_padding_token():
+    """The comparisons can fail: one padding token left visible to attention moves real tokens far beyond TOLERANCE
+    (for the smallest model and weights the strategies draw)."""
+    fields = dict(
+        vocab_size=5,
+        hidden_size=4,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        intermediate_size=1,
+        max_position_embeddings=8,
+        position_buckets=-1,
+        initializer_range=0.02,
+    )
+    model = build("base", fields)
+    input_ids = torch.tensor([[1, 2, 3, 4]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    expected = alone_outputs(model, {"input_ids": input_ids, "attention_mask": mask})
+    leaked = run(model, "eager", "never", input_ids=input_ids, attention_mask=torch.ones_like(mask))
+    with pytest.raises(AssertionError, match="max abs diff"):
+        check_against_alone("base", leaked, expected, {"input_ids": input_ids, "attention_mask": mask}, "leak")
+
+
+def test_set_attn_implementation_switches_the_kernel(monkeypatch):
+    """Regression: transformers guesses from a module's source whether its attention kernel can be switched, and
+    guessed wrong for DeBERTa, so `set_attn_implementation` only warned and every pass stayed on sdpa (the eager and
+    flex_attention comparisons above and in test_deberta.py compared sdpa with itself)."""
+    import posformers.deberta.modeling_deberta as modeling
+
+    calls = []
+    eager = modeling.eager_attention
+    monkeypatch.setattr(modeling, "eager_attention", lambda *args: calls.append(1) or eager(*args))
+    model = build(
+        "base",
+        dict(
+            vocab_size=5,
+            hidden_size=4,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            intermediate_size=1,
+            position_buckets=-1,
+        ),
+    )
+    for implementation in ("eager", "flex_attention", "sdpa"):
+        model.set_attn_implementation(implementation)
+        assert model.config._attn_implementation == implementation
+    run(model, "eager", "never", input_ids=torch.tensor([[1, 2, 3]]))
+    assert calls, "set_attn_implementation('eager') left the model on another kernel"
