@@ -22,7 +22,7 @@ from pathlib import Path
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from .checkpoints import checkpoint_problems, last_complete_checkpoint
+from .checkpoints import PREEMPTED_EXIT_STATUS, checkpoint_problems, last_complete_checkpoint
 from .errors import ArgumentError, OutputDirError
 from .padding_free import PADDING_FREE_CHOICES, check_padding_free
 
@@ -38,6 +38,13 @@ RUN_ARTIFACTS = (
     "all_results.json",
 )
 _CHECKPOINT_DIR = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-\d+$")
+# The end of every script's --help (finetune/errors.py, finetune/checkpoints.py).
+EXIT_STATUS_HELP = (
+    "Exit status: 0 when done; 1 for bad input (one line says what); "
+    f"{PREEMPTED_EXIT_STATUS} when SIGTERM came during training: a checkpoint was saved at the end of that step, rerun "
+    "the same command with --resume_from_checkpoint True to continue. --resume_from_checkpoint True takes the newest "
+    "complete checkpoint-N; one left half-written by a killed run is renamed incomplete-checkpoint-N, and said so."
+)
 
 
 @dataclasses.dataclass
@@ -137,7 +144,7 @@ class RunArguments:
 
 def parse_arguments(dataclass_types: Iterable[type], argv: list[str] | None = None) -> tuple:
     """HfArgumentParser over `dataclass_types`; `argv` may be CLI words or a single .json / .yaml file."""
-    parser = HfArgumentParser(tuple(dataclass_types))
+    parser = HfArgumentParser(tuple(dataclass_types), epilog=EXIT_STATUS_HELP)
     argv = sys.argv[1:] if argv is None else [str(word) for word in argv]
     if len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
