@@ -40,6 +40,8 @@ class CheckpointError(OSError):
 
 def local_file(name_or_path, filename: str, kwargs: dict) -> str | None:
     """`filename` of a checkpoint folder or Hub repo, if it is on this machine (the folder, or the Hub cache)."""
+    if name_or_path is None:  # from_pretrained(None, state_dict=...): no files
+        return None
     name_or_path = str(name_or_path)
     if os.path.isdir(name_or_path):
         path = os.path.join(name_or_path, kwargs.get("subfolder") or "", filename)
