@@ -145,6 +145,10 @@ def parse_pos_att_type(value) -> list[str]:
         return []
     if isinstance(value, str):
         value = value.split("|")
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(
+            f"DebertaConfig.pos_att_type must be a string such as 'p2c|c2p', a list of entries or None, got {value!r}"
+        )
     entries = (str(entry).strip().lower() for entry in value)
     return [entry for entry in entries if entry and entry != "none"]
 
@@ -172,6 +176,11 @@ def pooler_fields(config: dict, repository_format: bool) -> dict:
     if not repository_format:
         fields = {name: value for name, value in fields.items() if name not in config}
     return {**config, **{name: value for name, value in fields.items() if value is not None}}
+
+
+def is_real(value) -> bool:
+    """Whether `value` is an int or a float (a bool is neither here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def parse_norm_rel_ebd(value) -> list[str]:
@@ -448,10 +457,19 @@ class DebertaConfig(PreTrainedConfig):
                 f"({self.head_dim}) must equal hidden_size ({self.hidden_size})"
             )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "pooler_dropout", "cls_dropout"):
-            if getattr(self, name) is not None:  # cls_dropout=None means hidden_dropout_prob
+            if name != "cls_dropout" or self.cls_dropout is not None:  # cls_dropout=None means hidden_dropout_prob
                 check_probability(self, name)
+        # a zero epsilon divides by zero on a constant row (a padded position); a negative std initialises nothing
+        if not is_real(self.layer_norm_eps) or self.layer_norm_eps <= 0:
+            raise ValueError(f"DebertaConfig.layer_norm_eps must be a number > 0, got {self.layer_norm_eps!r}")
+        if not is_real(self.initializer_range) or self.initializer_range < 0:
+            raise ValueError(f"DebertaConfig.initializer_range must be a number >= 0, got {self.initializer_range!r}")
+        for name in ("relative_attention", "share_att_key", "position_biased_input"):
+            # a string "false" from a hand-written config.json would read as true
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"DebertaConfig.{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("hidden_act", "pooler_hidden_act", "conv_act"):
-            if getattr(self, name) not in ACT2FN:
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in ACT2FN:
                 raise ValueError(
                     f"DebertaConfig.{name} must name an activation of transformers.activations.ACT2FN, "
                     f"got {getattr(self, name)!r}"

@@ -500,3 +500,122 @@ def test_set_attn_implementation_switches_the_kernel(monkeypatch):
         assert model.config._attn_implementation == implementation
     run(model, "eager", "never", input_ids=torch.tensor([[1, 2, 3]]))
     assert calls, "set_attn_implementation('eager') left the model on another kernel"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Invalid configs and inputs
+# ---------------------------------------------------------------------------------------------------------------------
+
+NOT_INTEGERS = st.sampled_from([1.5, "8", True, None, [4]])
+NOT_PROBABILITIES = st.sampled_from([-0.1, 1.0, 1.5, "0.1", True, None])
+NOT_ACTIVATIONS = st.sampled_from(["no_such_act", 3, None, ["gelu"]])
+NOT_BOOLEANS = st.sampled_from(["false", "true", 2, None, 0.5])
+
+
+def bad_values(fields: dict) -> dict:
+    """Field -> a strategy of values that field must refuse, given the other (valid) fields."""
+    vocab = fields["vocab_size"]
+    distance = fields["max_relative_positions"]
+    distance = distance if distance >= 1 else fields["max_position_embeddings"]
+    positive = {
+        name: st.integers(-5, 0) | NOT_INTEGERS
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        )
+    }
+    # None means "hidden_size" / "hidden_size / heads" for these
+    for name in ("embedding_size", "pooler_hidden_size", "attention_head_size"):
+        positive[name] = st.integers(-5, 0) | NOT_INTEGERS.filter(lambda value: value is not None)
+    return {
+        **positive,
+        **{name: st.integers(-5, -1) | NOT_INTEGERS for name in ("type_vocab_size", "conv_kernel_size", "emd_steps")},
+        **{name: st.integers(-9, -2) | NOT_INTEGERS for name in ("max_relative_positions", "position_buckets")},
+        **{
+            name: NOT_PROBABILITIES
+            for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "pooler_dropout")
+        },
+        "cls_dropout": NOT_PROBABILITIES.filter(lambda value: value is not None),  # None: hidden_dropout_prob
+        **{name: NOT_ACTIVATIONS for name in ("hidden_act", "pooler_hidden_act", "conv_act")},
+        **{name: NOT_BOOLEANS for name in ("relative_attention", "share_att_key", "position_biased_input")},
+        "layer_norm_eps": st.sampled_from([0.0, -1e-5, "1e-7", None, True]),
+        "initializer_range": st.sampled_from([-0.02, "0.02", None, True]),
+        "pad_token_id": st.sampled_from([-1, vocab, vocab + 7, 1.5, "0", True]),
+        "question_token_id": st.sampled_from([-1, vocab, 2.5, "3", True]),
+        "qa_head": st.sampled_from(["span", None, 1]),
+        "projection_layout": st.sampled_from(["interleaved", None, 0]),
+        "unpad_inputs": st.sampled_from(["sometimes", True, None]),
+        "pos_att_type": st.sampled_from(["c2p|p2p", "p2p", "c2q", ["c2p", "c2p"], "p2c|P2C", 5, ["c2p", 3]]),
+        "norm_rel_ebd": st.sampled_from(["batch_norm", "layer_norm|rms", 5]),
+        "talking_head": st.just(True),
+        # more buckets than the clipping distance allows (with relative attention)
+        "position_buckets:too_many": st.integers(max(2 * distance - 2, 2), 2 * distance + 8),
+        "conv_kernel_size:even": st.sampled_from([2, 4, 6]),
+        "conv_groups": st.sampled_from([0, -1, 1.5, "2", fields["hidden_size"] + 1]),
+        # heads that do not divide the hidden size
+        "num_attention_heads:divisor": st.integers(1, 8).filter(lambda h: fields["hidden_size"] % h),
+    }
+
+
+@st.composite
+def invalid_configs(draw):
+    """(field, valid fields with that one field made invalid)."""
+    fields = draw(config_fields())
+    options = bad_values(fields)
+    key = draw(st.sampled_from(sorted(options)))
+    field = key.split(":")[0]
+    value = draw(options[key])
+    if key == "position_buckets:too_many":
+        fields["relative_attention"] = True
+    elif key in ("conv_kernel_size:even", "conv_groups"):
+        fields["conv_kernel_size"] = fields.get("conv_kernel_size") or 3
+        if key == "conv_groups" and value in range(1, fields["hidden_size"] + 1) and fields["hidden_size"] % value == 0:
+            value = 0  # a divisor is valid
+    elif key == "num_attention_heads:divisor":
+        fields.pop("attention_head_size", None)
+    elif key == "attention_head_size" and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        value += fields["hidden_size"]  # positive but not hidden_size / heads
+    fields[field] = value
+    return field, fields
+
+
+@examples(150)
+@given(case=invalid_configs())
+def test_invalid_config_is_refused_naming_the_field(case):
+    """One invalid field in an otherwise valid config: a ValueError or TypeError whose message names it (the
+    heads-and-hidden-size mismatch names num_attention_heads)."""
+    field, fields = case
+    with pytest.raises((ValueError, TypeError)) as error:
+        DebertaConfig(**fields)
+    assert field in str(error.value), f"{field}={fields[field]!r}: {error.value}"
+
+
+# Each once accepted (the model then failed deep inside torch, or silently read "false" as true) or refused with a
+# message naming nothing; found by the test above.
+CONFIG_REGRESSIONS = {
+    "activation-list": ("hidden_act", ["gelu"]),  # TypeError: unhashable type: 'list'
+    "pos-att-type-int": ("pos_att_type", 5),  # TypeError: 'int' object is not iterable
+    "eps-zero": ("layer_norm_eps", 0.0),
+    "eps-negative": ("layer_norm_eps", -1e-5),
+    "eps-string": ("layer_norm_eps", "1e-7"),
+    "init-negative": ("initializer_range", -0.02),
+    "relative-string": ("relative_attention", "false"),  # read as true
+    "share-none": ("share_att_key", None),
+    "absolute-int": ("position_biased_input", 2),
+    "dropout-none": ("hidden_dropout_prob", None),  # nn.Dropout(None) failed when the model was built
+}
+
+
+@pytest.mark.parametrize("field, value", CONFIG_REGRESSIONS.values(), ids=CONFIG_REGRESSIONS.keys())
+def test_config_regressions_name_the_field(field, value):
+    fields = dict(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=5)
+    with pytest.raises(ValueError, match=rf"DebertaConfig\.{field} must"):
+        DebertaConfig(**fields, **{field: value})
+    config = DebertaConfig(**fields)
+    setattr(config, field, value)  # changed after creation: refused when a model is built
+    with pytest.raises(ValueError, match=rf"DebertaConfig\.{field} must"):
+        DebertaModel(config)
