@@ -294,3 +294,29 @@ def test_posformers_glue_on_sigterm_saves_a_checkpoint_exits_75_and_resumes(tmp_
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     assert state["global_step"] == step + 2
     assert [entry["step"] for entry in state["log_history"] if "loss" in entry][-3:] == [step, step + 1, step + 2]
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_of_a_torchrun_stops_both_at_the_same_checkpoint(tmp_path, corpus):
+    """Each process may get SIGTERM in another step (or only one gets it): they agree on the step, both write their
+    part of that checkpoint and exit 75, and the rerun resumes there."""
+    output_dir = tmp_path / "out"
+    argv = [*script_argv("run_glue", corpus), "--output_dir", str(output_dir), "--ddp_backend", "gloo", "--use_cpu"]
+    launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
+    env = {k: v for k, v in python_env(tmp_path / "hf-home").items() if not k.startswith(launcher)}
+    env.update(OMP_NUM_THREADS="1")
+
+    def torchrun(*extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                   str(KILL_POINTS), "--sigterm", *extra]  # fmt: skip
+        return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+    stopped = torchrun("1", "6", "run_glue", *argv)  # SIGTERM to process 1 only, during step 6 (of 12)
+    printed = stopped.stdout + stopped.stderr
+    assert stopped.returncode != 0 and printed.count(f"exitcode  : {PREEMPTED_EXIT_STATUS}") == 2, printed[-5000:]
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {path.name for path in (output_dir / "checkpoint-6").iterdir()}
+    resumed = torchrun("-1", "0", "run_glue", *argv, "--resume_from_checkpoint", "True")
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-5000:]
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == MAX_STEPS

@@ -2,6 +2,8 @@
 its kill point and the next resumes, as a user rerunning the command after a crash would.
 
     python tests/helpers/kill_points.py <plan.json>      # prints a JSON list: one report per run
+    torchrun --nproc_per_node 2 tests/helpers/kill_points.py --sigterm <rank> <step> <script> <its arguments>
+                                                         # SIGTERM to one process only, while step <step> runs
 
 The plan (see main) names the script, its arguments, two output folders, a seed and a number of kill points. The
 script runs once uninterrupted; kill points are drawn (seeded) from what that run did: SIGKILL at the end of a step,
@@ -36,7 +38,7 @@ from pathlib import Path
 RUN_TIMEOUT_S = 240
 
 
-def instrument(kill: dict | None, writes: list, report_path: Path) -> None:
+def instrument(kill: dict | None, writes: list, report_path: Path | None = None) -> None:
     """Wrap the writers and Trainer.train of this (child) process so that it records every write and dies at `kill`
     (writing `report_path` first)."""
     import safetensors.torch
@@ -49,7 +51,8 @@ def instrument(kill: dict | None, writes: list, report_path: Path) -> None:
     current = {"step": 0, "writes": 0}
 
     def die(signum: int) -> None:
-        report_path.write_text(json.dumps({"metrics": None, "writes": writes}), encoding="utf-8")
+        if report_path is not None:
+            report_path.write_text(json.dumps({"metrics": None, "writes": writes}), encoding="utf-8")
         sys.stdout.flush(), sys.stderr.flush()
         os.kill(os.getpid(), signum)
 
@@ -204,5 +207,27 @@ def main(plan_path: str) -> None:
     print(json.dumps(reports))
 
 
+def sigterm_one_process(rank: int, step: int, script: str, argv: list[str]) -> None:
+    """One process of a torchrun: the script, with SIGTERM during `step` in process `rank` only; leaves with
+    os._exit (gloo's process group can deadlock in its destructor at interpreter exit)."""
+    module = importlib.import_module(f"posformers.finetune.{script}")
+    kill = {"signal": "TERM", "step": step} if int(os.environ["RANK"]) == rank else None
+    status = 1
+    try:
+        instrument(kill, [])
+        module.main(argv)
+        status = 0
+    except SystemExit as error:
+        print(error.code if isinstance(error.code, str) else "", flush=True)
+        status = error.code if isinstance(error.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(status)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--sigterm":  # kill_points.py --sigterm <rank> <step> <script> <its arguments>, under torchrun
+        sigterm_one_process(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:])
     main(sys.argv[1])
