@@ -66,9 +66,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
-from transformers.trainer_utils import get_last_checkpoint
 
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
+from .checkpoints import last_complete_checkpoint
 from .distributed import exit_on_lost_process, prepare_processes, save_as_own_class
 from .errors import ArgumentError, exit_on_data_error
 from .loading import load_config, load_model, load_tokenizer
@@ -411,7 +411,7 @@ def chain_checkpoints(training_args: TrainingArguments, distill_dir: Path) -> tu
         return None, None, False
     output_dir = Path(training_args.output_dir)
     if str(resume).lower() in ("true", "1"):
-        last_rss = get_last_checkpoint(output_dir) if output_dir.is_dir() else None
+        last_rss = last_complete_checkpoint(output_dir, training_args)  # sets newer half-written ones aside
         if last_rss is not None or distill_finished(distill_dir):
             return None, last_rss, True
         return "True", None, False  # prepare_output_dir finds distillation's last checkpoint-N or says there is none
