@@ -1382,13 +1382,46 @@ def _check_index_ranges(checks) -> None:
             raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
 
 
+def _check_input_types(inputs: dict, dtype: torch.dtype) -> None:
+    """Every given input (`inputs`: the forward arguments by name) is a tensor; ids (input_ids, token_type_ids,
+    position_ids) are torch.long or torch.int, what embeddings and the rotary tables index with; inputs_embeds have
+    the model's dtype `dtype` (any floating dtype under autocast, which casts them)."""
+    for name, tensor in inputs.items():
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    for name in ("input_ids", "token_type_ids", "position_ids"):
+        ids = inputs[name]
+        if ids is not None and ids.dtype not in (torch.long, torch.int):
+            raise TypeError(f"{name} must hold integers (torch.long or torch.int), got {ids.dtype}")
+    embeds = inputs["inputs_embeds"]
+    autocast = embeds is not None and embeds.is_floating_point() and torch.is_autocast_enabled(embeds.device.type)
+    if embeds is not None and embeds.dtype != dtype and not autocast:
+        raise TypeError(f"inputs_embeds must have the model's dtype {dtype}, got {embeds.dtype}")
+
+
 def _check_inputs(
-    config: DebertaConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, absolute_positions
+    config: DebertaConfig,
+    input_ids,
+    inputs_embeds,
+    attention_mask,
+    token_type_ids,
+    position_ids,
+    absolute_positions: bool,
+    dtype: torch.dtype,
 ):
     """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch.
 
-    absolute_positions: whether the model reads the absolute position table (input bias or Enhanced Mask Decoder).
+    absolute_positions: whether the model reads the absolute position table (input bias or Enhanced Mask Decoder);
+    dtype: the model's.
     """
+    inputs = dict(
+        input_ids=input_ids,
+        inputs_embeds=inputs_embeds,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+        position_ids=position_ids,
+    )
+    _check_input_types(inputs, dtype)
     shape = _input_shape(input_ids, inputs_embeds, config.embedding_size)
     if attention_mask is not None:
         expected = [shape, (shape[0], shape[1], shape[1])]
@@ -1479,6 +1512,7 @@ class DebertaModel(DebertaPreTrainedModel):
             token_type_ids,
             position_ids,
             absolute_positions=hasattr(self.embeddings, "position_embeddings"),
+            dtype=self.dtype,
         )
         device = input_ids.device if input_ids is not None else inputs_embeds.device
         shape = tuple((input_ids if input_ids is not None else inputs_embeds).shape[:2])

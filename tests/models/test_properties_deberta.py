@@ -619,3 +619,101 @@ def test_config_regressions_name_the_field(field, value):
     setattr(config, field, value)  # changed after creation: refused when a model is built
     with pytest.raises(ValueError, match=rf"DebertaConfig\.{field} must"):
         DebertaModel(config)
+
+
+@st.composite
+def invalid_inputs(draw):
+    """(argument, head, fields, inputs): a valid case with one input made invalid."""
+    head, fields, batch = draw(cases())
+    config = DebertaConfig(**fields)
+    if "input_ids" not in batch:
+        batch.pop("inputs_embeds")
+        generator = torch.Generator().manual_seed(0)
+        batch["input_ids"] = torch.randint(0, fields["vocab_size"], batch["attention_mask"].shape, generator=generator)
+    size, length = batch["input_ids"].shape
+    options = [
+        "input_ids:range",
+        "input_ids:dtype",
+        "input_ids:rank",
+        "input_ids:both",
+        "input_ids:neither",
+        "inputs_embeds:width",
+        "inputs_embeds:dtype",
+        "attention_mask:shape",
+        "token_type_ids:shape",
+        "token_type_ids:dtype",
+        "position_ids:shape",
+        "position_ids:dtype",
+    ]
+    if config.type_vocab_size > 0:
+        options.append("token_type_ids:range")
+    if reads_absolute_positions(fields, head):
+        options.append("position_ids:range")
+    key = draw(st.sampled_from(options))
+    argument, kind = key.split(":")
+    row, column = draw(st.integers(0, size - 1)), draw(st.integers(0, length - 1))
+    if kind == "range":
+        limit = {"input_ids": config.vocab_size, "token_type_ids": config.type_vocab_size}.get(
+            argument, config.max_position_embeddings
+        )
+        ids = batch.get(argument, torch.zeros_like(batch["input_ids"])).expand(size, length).clone()
+        ids[row, column] = draw(st.sampled_from([limit, limit + 5, -1, -100]))
+        batch[argument] = ids
+    elif kind == "dtype":
+        if argument == "inputs_embeds":
+            embeds = torch.zeros(size, length, config.embedding_size, dtype=torch.long)
+            batch = {**{k: v for k, v in batch.items() if k != "input_ids"}, "inputs_embeds": embeds}
+        else:
+            batch[argument] = batch.get(argument, torch.ones_like(batch["input_ids"])).float()
+    elif kind == "rank":
+        batch["input_ids"] = draw(st.sampled_from([batch["input_ids"][0], batch["input_ids"][..., None]]))
+    elif kind == "both":
+        batch["inputs_embeds"] = torch.zeros(size, length, config.embedding_size)
+    elif kind == "neither":
+        batch.pop("input_ids")
+    elif kind == "width":
+        batch.pop("input_ids")
+        batch["inputs_embeds"] = torch.zeros(size, length, config.embedding_size + draw(st.sampled_from([-1, 1, 3])))
+    elif kind == "shape":
+        shapes = [(size, length + 1), (size + 1, length), (length,), (size, length, 2)]
+        if argument == "attention_mask":
+            shapes.append((size, 1, length, length))
+        if size == 1:
+            shapes.remove((size + 1, length))  # (2, L) ids broadcast over... nothing: still wrong
+            shapes.append((2, length))
+        shape = draw(st.sampled_from(shapes))
+        batch[argument] = torch.ones(shape, dtype=torch.long)
+    return argument, head, fields, batch
+
+
+@examples(120)
+@given(case=invalid_inputs())
+def test_invalid_input_is_refused_naming_the_argument(case):
+    """One invalid input (an id out of range, a float id, a wrong shape or rank, both or neither of input_ids and
+    inputs_embeds, embeddings of the wrong width or dtype): a ValueError or TypeError naming the argument, padded or
+    padding-free."""
+    argument, head, fields, batch = case
+    model = build(head, fields)
+    for unpad_inputs in ("never", "always"):
+        with pytest.raises((ValueError, TypeError)) as error:
+            run(model, "sdpa", unpad_inputs, **batch)
+        assert argument in str(error.value), f"{argument}: {error.value}"
+
+
+# Each once reached torch's embedding or LayerNorm and failed there with a message naming no argument.
+INPUT_REGRESSIONS = {
+    "float-input-ids": ("input_ids", dict(input_ids=torch.ones(2, 3))),
+    "float-token-types": ("token_type_ids", dict(input_ids=torch.ones(2, 3).long(), token_type_ids=torch.ones(2, 3))),
+    "float-positions": ("position_ids", dict(input_ids=torch.ones(2, 3).long(), position_ids=torch.ones(1, 3))),
+    "integer-embeds": ("inputs_embeds", dict(inputs_embeds=torch.ones(2, 3, 8).long())),
+    "double-embeds": ("inputs_embeds", dict(inputs_embeds=torch.ones(2, 3, 8).double())),
+    "list-ids": ("input_ids", dict(input_ids=[[1, 2, 3]])),
+}
+
+
+@pytest.mark.parametrize("argument, inputs", INPUT_REGRESSIONS.values(), ids=INPUT_REGRESSIONS.keys())
+def test_input_regressions_name_the_argument(argument, inputs):
+    fields = dict(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=5)
+    model = build("base", {**fields, "type_vocab_size": 2, "position_biased_input": True})
+    with pytest.raises(TypeError, match=rf"^{argument} must"):
+        model(**inputs)
