@@ -66,8 +66,9 @@ def unreadable_reason(path: Path) -> str | None:
             data_end = max(
                 (entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0
             )
-            if path.stat().st_size != 8 + header_length + data_end:
-                return "truncated"
+            size, expected = path.stat().st_size, 8 + header_length + data_end
+            if size != expected:
+                return f"truncated ({size} bytes, its header describes {expected})"
         elif path.suffix in (".pt", ".pth", ".bin"):
             with zipfile.ZipFile(path):  # torch.save writes a zip whose directory comes last
                 pass
@@ -90,14 +91,8 @@ def checkpoint_problems(folder, args: TrainingArguments) -> list[str]:
     if not args.save_only_model:
         wanted.update(optimizer=OPTIMIZER_PREFIXES, scheduler=SCHEDULER_PREFIXES)
     problems += [f"no {part}" for part, prefixes in wanted.items() if not any(n.startswith(prefixes) for n in names)]
-    if (
-        not args.save_only_model and args.world_size > 1
-    ):  # each process writes its own, and nothing waits for the others' before the state
-        problems += [f"no rng_state_{r}.pth" for r in range(args.world_size) if f"rng_state_{r}.pth" not in names]
-    elif not args.save_only_model and not any(
-        name.startswith("rng_state") for name in names
-    ):  # one process resuming a distributed run: any
-        problems.append("no rng_state.pth")
+    if not args.save_only_model:
+        problems += missing_rng_states(names, args.world_size)
     for name in sorted(names):
         reason = unreadable_reason(folder / name)
         if reason is not None:
@@ -112,6 +107,14 @@ def checkpoint_problems(folder, args: TrainingArguments) -> list[str]:
         if match and step != int(match.group(1)):
             problems.append(f"trainer_state.json is at step {step}")
     return problems
+
+
+def missing_rng_states(names: set[str], world_size: int) -> list[str]:
+    """Each process writes its own RNG state (rng_state_<rank>.pth) and nothing waits for the others' before
+    trainer_state.json: a distributed run needs all of them. One process resuming a distributed run takes any."""
+    if world_size > 1:
+        return [f"no rng_state_{rank}.pth" for rank in range(world_size) if f"rng_state_{rank}.pth" not in names]
+    return [] if any(name.startswith("rng_state") for name in names) else ["no rng_state.pth"]
 
 
 def set_aside(folder: Path) -> Path:
