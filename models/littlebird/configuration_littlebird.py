@@ -7,6 +7,7 @@ the architecture, with every decision marked, is described in `modeling_littlebi
 """
 
 import contextlib
+import math
 import os
 
 from transformers import PreTrainedConfig
@@ -79,6 +80,16 @@ def check_pad_token_id(config: PreTrainedConfig) -> None:
             f"{type(config).__name__}.pad_token_id ({token!r}) must be None or an integer in "
             f"[0, vocab_size={config.vocab_size})"
         )
+
+
+def check_finite_number(config: PreTrainedConfig, name: str, positive: bool = False) -> None:
+    """`config.<name>` must be a finite number (not a bool), > 0 with `positive`, else >= 0; the error names the field.
+    A NaN epsilon or initializer_range would otherwise reach the LayerNorms or torch's init as it is."""
+    value = getattr(config, name)
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not is_number or value < 0 or (positive and value == 0):
+        kind = "positive and finite" if positive else "a finite number >= 0"
+        raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
 
 
 # Copied from posformers.roformer.configuration_roformer.config_file_error
@@ -237,11 +248,11 @@ class LittleBirdConfig(PreTrainedConfig):
         check_integer(self, "type_vocab_size", 0)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             check_probability(self, name)
-        if self.layer_norm_eps <= 0:
-            raise ValueError(f"LittleBirdConfig.layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        check_finite_number(self, "layer_norm_eps", positive=True)
+        check_finite_number(self, "initializer_range")
         check_pad_token_id(self)
         check_span_selection_fields(self)
-        if self.hidden_act not in ACT2FN:
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
             raise ValueError(
                 f"LittleBirdConfig.hidden_act must be one of transformers' activations, got {self.hidden_act!r}"
             )
@@ -250,10 +261,11 @@ class LittleBirdConfig(PreTrainedConfig):
             # "0.5" from a command line (--config_overrides bialibi_init=0.5) is the number it spells
             with contextlib.suppress(ValueError):
                 init = self.bialibi_init = float(init)
-        is_number = isinstance(init, (int, float)) and not isinstance(init, bool)
+        # An infinite slope makes the bias inf * 0 = NaN on the diagonal.
+        is_number = isinstance(init, (int, float)) and not isinstance(init, bool) and math.isfinite(init)
         if not (init in BIALIBI_INITS or (is_number and init >= 0)):
             raise ValueError(
-                f"LittleBirdConfig.bialibi_init must be one of {BIALIBI_INITS} or a number >= 0, got {init!r}"
+                f"LittleBirdConfig.bialibi_init must be one of {BIALIBI_INITS} or a finite number >= 0, got {init!r}"
             )
         if self.unpad_inputs not in UNPAD_MODES:
             raise ValueError(f"LittleBirdConfig.unpad_inputs must be one of {UNPAD_MODES}, got {self.unpad_inputs!r}")

@@ -1287,9 +1287,33 @@ def _check_index_ranges(checks) -> None:
             raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
 
 
-def _check_inputs(config: LittleBirdConfig, input_ids, inputs_embeds, attention_mask, token_type_ids):
-    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch."""
+def _check_input_types(inputs: dict, dtype: torch.dtype) -> None:
+    """Every given input is a tensor; ids (input_ids, token_type_ids) are torch.long or torch.int, what nn.Embedding
+    takes; inputs_embeds have the model's dtype `dtype` (any floating dtype under autocast, which casts them)."""
+    for name, tensor in inputs.items():
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    for name in ("input_ids", "token_type_ids"):
+        ids = inputs[name]
+        if ids is not None and ids.dtype not in (torch.long, torch.int):
+            raise TypeError(f"{name} must hold integer ids (torch.long or torch.int), got {ids.dtype}")
+    embeds = inputs["inputs_embeds"]
+    autocast = embeds is not None and embeds.is_floating_point() and torch.is_autocast_enabled(embeds.device.type)
+    if embeds is not None and embeds.dtype != dtype and not autocast:
+        raise TypeError(f"inputs_embeds must have the model's dtype {dtype}, got {embeds.dtype}")
+
+
+def _check_inputs(config: LittleBirdConfig, inputs: dict, dtype: torch.dtype):
+    """Clear errors for malformed inputs (`inputs`: the forward arguments by name, the model's dtype `dtype`), before
+    they reach an index or a reshape deep inside torch."""
+    _check_input_types(inputs, dtype)
+    input_ids, inputs_embeds = inputs["input_ids"], inputs["inputs_embeds"]
+    attention_mask, token_type_ids = inputs["attention_mask"], inputs["token_type_ids"]
     shape = _input_shape(input_ids, inputs_embeds, config.hidden_size)
+    if shape[0] == 0:
+        raise ValueError(
+            f"{'input_ids' if input_ids is not None else 'inputs_embeds'} holds an empty batch (batch = 0)"
+        )
     if attention_mask is not None and tuple(attention_mask.shape) != shape:
         raise ValueError(
             f"attention_mask must have the input's shape (batch, seq_len) = {shape}, got {tuple(attention_mask.shape)}"
@@ -1356,7 +1380,14 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         return_dict = return_dict if return_dict is not None else config.return_dict
-        _check_inputs(config, input_ids, inputs_embeds, attention_mask, token_type_ids)
+        inputs = dict(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+        )
+        _check_inputs(config, inputs, self.embeddings.LayerNorm.weight.dtype)
         shape = _input_shape(input_ids, inputs_embeds, config.hidden_size)
         cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
         cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)
