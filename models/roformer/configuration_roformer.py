@@ -11,6 +11,7 @@ Field names and meanings follow transformers' `RoFormerConfig`, so a `config.jso
 with that name would silently load as transformers' class.
 """
 
+import math
 import os
 
 from transformers import PreTrainedConfig
@@ -134,6 +135,20 @@ def check_pad_token_id(config: PreTrainedConfig) -> None:
             f"{type(config).__name__}.pad_token_id ({token!r}) must be None or an integer in "
             f"[0, vocab_size={config.vocab_size})"
         )
+
+
+def check_number(label: str, value, minimum: float = 0.0, inclusive: bool = False) -> None:
+    """`value` must be a finite real number (not a bool or a string) above `minimum`, or equal to it when `inclusive`;
+    the error names `label` (e.g. "RoFormerConfig.rope_theta")."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < minimum
+        or (value == minimum and not inclusive)
+    ):
+        bound = f"a number >= {minimum:g}" if inclusive else "positive" if minimum == 0 else f"a number > {minimum:g}"
+        raise ValueError(f"{label} must be {bound} (a finite int or float), got {value!r}")
 
 
 def config_file_error(name_or_path, kwargs: dict, error: Exception) -> Exception:
@@ -296,8 +311,8 @@ class RoFormerConfig(PreTrainedConfig):
         """Check every field; runs on creation and again when a model is built (fields may change in between)."""
         for name in (
             "vocab_size",
+            "hidden_size",  # before embedding_size, which defaults to it
             "embedding_size",
-            "hidden_size",
             "num_hidden_layers",
             "num_attention_heads",
             "intermediate_size",
@@ -314,8 +329,9 @@ class RoFormerConfig(PreTrainedConfig):
             check_probability(self, name)
         check_pad_token_id(self)
         check_span_selection_fields(self)
-        if self.rope_theta <= 0:
-            raise ValueError(f"RoFormerConfig.rope_theta must be positive, got {self.rope_theta}")
+        check_number("RoFormerConfig.rope_theta", self.rope_theta)
+        check_number("RoFormerConfig.layer_norm_eps", self.layer_norm_eps, inclusive=True)
+        check_number("RoFormerConfig.initializer_range", self.initializer_range, inclusive=True)
         for name, allowed in (
             ("rope_layout", ROPE_LAYOUTS),
             ("norm_type", NORM_TYPES),
@@ -325,10 +341,11 @@ class RoFormerConfig(PreTrainedConfig):
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"RoFormerConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("add_pooling_layer", "bidirectional_prompt"):
+        for name in ("add_pooling_layer", "bidirectional_prompt", "use_bias", "rotary_value"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RoFormerConfig.{name} must be True or False, got {getattr(self, name)!r}")
-        self._validate_pooler_activation()
+        self._validate_activation("hidden_act", "'gelu'")
+        self._validate_activation("pooler_activation", "'tanh', or 'linear' for none, as RoFormer-sim uses")
         if self.add_cross_attention:
             raise ValueError(
                 "RoFormerConfig.add_cross_attention=True is not supported: posformers' RoFormer is an encoder "
@@ -337,14 +354,14 @@ class RoFormerConfig(PreTrainedConfig):
         self.rope_scaling = self._validated_rope_scaling(self.rope_scaling)
         self._validate_rotary_dim()
 
-    def _validate_pooler_activation(self):
+    def _validate_activation(self, name: str, example: str):
         from transformers.activations import ACT2FN
 
-        if not isinstance(self.pooler_activation, str) or self.pooler_activation not in ACT2FN:
+        value = getattr(self, name)
+        if not isinstance(value, str) or value not in ACT2FN:
             raise ValueError(
-                f"RoFormerConfig.pooler_activation must be the name of an activation in transformers' ACT2FN (e.g. "
-                f"'tanh', or 'linear' for none, as RoFormer-sim uses), got {self.pooler_activation!r}; "
-                f"known: {sorted(ACT2FN)}"
+                f"RoFormerConfig.{name} must be the name of an activation in transformers' ACT2FN (e.g. {example}), "
+                f"got {value!r}; known: {sorted(ACT2FN)}"
             )
 
     @property
@@ -359,7 +376,8 @@ class RoFormerConfig(PreTrainedConfig):
     def _validate_rotary_dim(self):
         head_dim = self.head_dim
         if self.partial_rotary_factor is not None:
-            if not 0.0 < self.partial_rotary_factor <= 1.0:
+            factor = self.partial_rotary_factor
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.0 < factor <= 1.0:
                 raise ValueError(
                     f"RoFormerConfig.partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor}"
                 )
@@ -404,15 +422,25 @@ class RoFormerConfig(PreTrainedConfig):
                 f"RoFormerConfig.rope_scaling of type {rope_type!r} does not take the key(s) {sorted(unknown)}; "
                 f"allowed: {sorted(required | optional)}"
             )
-        factor = scaling["factor"]
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1.0:
-            raise ValueError(f"RoFormerConfig.rope_scaling['factor'] must be a number >= 1, got {factor!r}")
+        check_number("RoFormerConfig.rope_scaling['factor']", scaling["factor"], minimum=1.0, inclusive=True)
         if rope_type == "yarn":
             original = scaling.setdefault("original_max_position_embeddings", self.max_position_embeddings)
-            if not isinstance(original, int) or original <= 0:
+            if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
                 raise ValueError(
                     "RoFormerConfig.rope_scaling['original_max_position_embeddings'] must be a positive integer, "
                     f"got {original!r}"
+                )
+            # The ramp and attention-factor formulas take logarithms of these: a string, 0 or a negative is an
+            # error deep inside math.log otherwise. None means the key's default, as in transformers.
+            for key in ("attention_factor", "beta_fast", "beta_slow"):
+                if scaling.get(key) is not None:
+                    check_number(f"RoFormerConfig.rope_scaling[{key!r}]", scaling[key])
+            for key in ("mscale", "mscale_all_dim"):  # 0 means unset, as in transformers' formula
+                if scaling.get(key) is not None:
+                    check_number(f"RoFormerConfig.rope_scaling[{key!r}]", scaling[key], inclusive=True)
+            if not isinstance(scaling.get("truncate", True), bool):
+                raise ValueError(
+                    f"RoFormerConfig.rope_scaling['truncate'] must be True or False, got {scaling['truncate']!r}"
                 )
             if (scaling.get("beta_fast") or 32) < (scaling.get("beta_slow") or 1):
                 raise ValueError("RoFormerConfig.rope_scaling['beta_fast'] must be >= beta_slow")

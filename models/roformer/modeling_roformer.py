@@ -965,24 +965,80 @@ def _check_index_ranges(checks) -> None:
             raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
 
 
-def _check_inputs(
-    config: RoFormerConfig, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, past_length: int
-):
-    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch; returns the
-    input's (batch, seq_len)."""
-    shape = _input_shape(input_ids, inputs_embeds, config.embedding_size)
-    if attention_mask is not None and attention_mask.dim() == 2:
-        expected = (shape[0], past_length + shape[1])
-        if tuple(attention_mask.shape) != expected:
+def _check_input_types(inputs: dict, dtype: torch.dtype) -> None:
+    """Every given input (`inputs`: the forward arguments by name) is a tensor; ids (input_ids, token_type_ids,
+    position_ids) are torch.long or torch.int, what embeddings and the rotary tables index with; inputs_embeds have
+    the model's dtype `dtype` (any floating dtype under autocast, which casts them)."""
+    for name, tensor in inputs.items():
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    for name in ("input_ids", "token_type_ids", "position_ids"):
+        ids = inputs[name]
+        if ids is not None and ids.dtype not in (torch.long, torch.int):
+            raise TypeError(f"{name} must hold integers (torch.long or torch.int), got {ids.dtype}")
+    embeds = inputs["inputs_embeds"]
+    autocast = embeds is not None and embeds.is_floating_point() and torch.is_autocast_enabled(embeds.device.type)
+    if embeds is not None and embeds.dtype != dtype and not autocast:
+        raise TypeError(f"inputs_embeds must have the model's dtype {dtype}, got {embeds.dtype}")
+
+
+def _check_attention_mask(attention_mask, shape: tuple[int, int], past_length: int, num_heads: int) -> None:
+    """A 2D mask is (batch, cached + new tokens); a 4D one (batch or 1, 1 or heads, new tokens, at least cached + new
+    tokens: a static cache's mask spans its whole length)."""
+    if attention_mask is None:
+        return
+    keys = past_length + shape[1]
+    if attention_mask.dim() == 2:
+        if tuple(attention_mask.shape) != (shape[0], keys):
             raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)} but the input needs {expected} "
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the input needs {(shape[0], keys)} "
                 f"(batch, cached + new tokens)"
             )
-    elif attention_mask is not None and attention_mask.dim() != 4:
+    elif attention_mask.dim() != 4:
         raise ValueError(
             f"attention_mask must be 2D (batch, seq_len) or 4D (batch, 1, q_len, kv_len), got "
             f"{tuple(attention_mask.shape)}"
         )
+    elif (
+        attention_mask.shape[0] not in (1, shape[0])
+        or attention_mask.shape[1] not in (1, num_heads)
+        or attention_mask.shape[2] != shape[1]
+        or attention_mask.shape[3] < keys
+    ):
+        raise ValueError(
+            f"a 4D attention_mask must have shape (batch={shape[0]} or 1, 1 or heads={num_heads}, "
+            f"q_len={shape[1]}, kv_len >= {keys}), got {tuple(attention_mask.shape)}"
+        )
+
+
+def _check_inputs(
+    config: RoFormerConfig,
+    input_ids,
+    inputs_embeds,
+    attention_mask,
+    token_type_ids,
+    position_ids,
+    past_length: int,
+    dtype: torch.dtype,
+):
+    """Clear errors for malformed inputs (the model's dtype `dtype`), before they reach an index or a reshape deep
+    inside torch; returns the input's (batch, seq_len)."""
+    _check_input_types(
+        dict(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+        ),
+        dtype,
+    )
+    shape = _input_shape(input_ids, inputs_embeds, config.embedding_size)
+    if shape[0] == 0:
+        raise ValueError(
+            f"{'input_ids' if input_ids is not None else 'inputs_embeds'} holds an empty batch (batch = 0)"
+        )
+    _check_attention_mask(attention_mask, shape, past_length, config.num_attention_heads)
     if config.attention_kernel == "linear" and attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(
             "attention_kernel='linear' takes a 2D attention_mask (batch, seq_len) of real tokens; a 4D mask "
@@ -1121,7 +1177,14 @@ class RoFormerModel(RoFormerPreTrainedModel):
             past_key_values = None
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         shape = _check_inputs(
-            config, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, past_length
+            config,
+            input_ids,
+            inputs_embeds,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            past_length,
+            self.dtype,
         )
         cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
         cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)

@@ -15,6 +15,7 @@ may amplify by the inverse of a small standard deviation, so real tokens agree t
 room; a wrong mask, position or rotation moves outputs by O(0.1), far above it.
 """
 
+import math
 import os
 import warnings
 
@@ -213,6 +214,32 @@ def test_padded_batch_equals_each_sequence_alone_on_every_backend(case):
 
 
 @st.composite
+def flex_cases(draw):
+    """Encoder cases with 2 heads of 8 features: every other option varies, but a new head shape would compile a
+    new flex kernel (tens of seconds on a CPU)."""
+    fields = draw(config_fields())
+    if fields["hidden_size"] != 16 or fields["num_attention_heads"] != 2:
+        fields.update(hidden_size=16, num_attention_heads=2, rotary_dim=None, partial_rotary_factor=None)
+    return fields, draw(batches(fields))
+
+
+@pytest.mark.slow
+@examples(10)
+@given(case=flex_cases())
+def test_flex_attention_equals_eager(case):
+    """flex_attention (inference only on CPU: torch has no CPU backward for it) gives eager's outputs at real tokens,
+    padded and padding-free."""
+    fields, batch = case
+    model = build(fields)
+    mask = batch["attention_mask"].bool()
+    expected = run(model, "eager", "never", **batch).last_hidden_state
+    for unpad_inputs in ("never", "always"):
+        output = run(model, "flex_attention", unpad_inputs, **batch).last_hidden_state
+        assert torch.isfinite(output[mask]).all(), unpad_inputs
+        assert_close(output[mask], expected[mask], f"flex_attention, unpad_inputs={unpad_inputs}")
+
+
+@st.composite
 def shift_cases(draw):
     fields = draw(config_fields())
     fields["rotary_value"] = False  # rotated values carry absolute positions
@@ -297,6 +324,207 @@ def test_decoder_cache_and_backends_agree_with_a_full_pass(case):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Invalid configs and inputs: one field or argument broken, an error naming it
+# ---------------------------------------------------------------------------------------------------------------------
+
+NOT_INTEGERS = [0, -3, 2.5, "8", True, None]
+NOT_PROBABILITIES = [-0.1, 1.0, 1.5, "0.1", None, math.nan]
+NOT_POSITIVE_NUMBERS = [0, -1.0, "1e4", None, math.nan, math.inf, True]
+NOT_BOOLEANS = ["yes", 1, None]
+NOT_NAMES = ["bogus", None, 3]
+
+
+@st.composite
+def broken_rope_scalings(draw, fields: dict):
+    """A rope_scaling that a valid config with `fields` cannot take."""
+    factor = {"factor": 2.0}
+    return draw(
+        st.sampled_from(
+            [
+                "linear",
+                [("rope_type", "linear")],
+                {"rope_type": "bogus", **factor},
+                {"rope_type": "linear"},
+                {"rope_type": "linear", "factor": 0.5},
+                {"rope_type": "linear", "factor": "2"},
+                {"rope_type": "linear", "factor": math.nan},
+                {"rope_type": "linear", "factor": math.inf},
+                {"rope_type": "dynamic", "factor": True},
+                {"rope_type": "linear", "beta_fast": 32, **factor},
+                {"rope_type": "yarn", "original_max_position_embeddings": 0, **factor},
+                {"rope_type": "yarn", "original_max_position_embeddings": True, **factor},
+                {"rope_type": "yarn", "original_max_position_embeddings": 8.0, **factor},
+                {"rope_type": "yarn", "beta_fast": 1.0, "beta_slow": 4.0, **factor},
+                {"rope_type": "yarn", "beta_fast": "32", **factor},
+                {"rope_type": "yarn", "beta_fast": -5.0, "beta_slow": -10.0, **factor},
+                {"rope_type": "yarn", "beta_slow": math.nan, **factor},
+                {"rope_type": "yarn", "attention_factor": 0.0, **factor},
+                {"rope_type": "yarn", "attention_factor": "1", **factor},
+                {"rope_type": "yarn", "mscale": "1", "mscale_all_dim": 1.0, **factor},
+                {"rope_type": "yarn", "mscale": -1.0, **factor},
+                {"rope_type": "yarn", "mscale_all_dim": math.inf, **factor},
+                {"rope_type": "yarn", "truncate": "no", **factor},
+            ]
+        )
+    )
+
+
+@st.composite
+def invalid_configs(draw):
+    """(valid fields, the field to break, its bad value): every checked field of the config."""
+    fields = draw(config_fields())
+    head_dim = fields["hidden_size"] // fields["num_attention_heads"]
+    choices = {
+        **{
+            name: st.sampled_from(NOT_INTEGERS)
+            for name in (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+            )
+        },
+        "embedding_size": st.sampled_from([value for value in NOT_INTEGERS if value is not None]),
+        "type_vocab_size": st.sampled_from([-1, 1.5, "2", None]),
+        "hidden_dropout_prob": st.sampled_from(NOT_PROBABILITIES),
+        "attention_probs_dropout_prob": st.sampled_from(NOT_PROBABILITIES),
+        "rope_theta": st.sampled_from(NOT_POSITIVE_NUMBERS),
+        "layer_norm_eps": st.sampled_from([-1e-12, "1e-12", None, math.nan, math.inf]),
+        "initializer_range": st.sampled_from([-0.02, "0.02", None, math.nan, math.inf]),
+        "rotary_dim": st.sampled_from([0, -2, 2.0, "2", True, head_dim + 1 + head_dim % 2, 2 * head_dim + 2]),
+        "partial_rotary_factor": st.sampled_from([0.0, -0.5, 1.5, "0.5", math.nan, True]),
+        "rope_scaling": broken_rope_scalings(fields),
+        "pad_token_id": st.sampled_from([fields["vocab_size"], -1, "0", 1.5, True]),
+        "question_token_id": st.sampled_from([fields["vocab_size"], -1, "0", 1.5, True]),
+        **{
+            name: st.sampled_from(NOT_NAMES)
+            for name in (
+                "rope_layout",
+                "norm_type",
+                "attention_kernel",
+                "summary_type",
+                "unpad_inputs",
+                "qa_head",
+                "hidden_act",
+                "pooler_activation",
+            )
+        },
+        **{
+            name: st.sampled_from(NOT_BOOLEANS)
+            for name in ("use_bias", "rotary_value", "add_pooling_layer", "bidirectional_prompt")
+        },
+        "add_cross_attention": st.just(True),
+    }
+    name = draw(st.sampled_from(sorted(choices)))
+    value = draw(choices[name])
+    if name == "num_attention_heads" and draw(st.booleans()):
+        value = fields["hidden_size"] + 1  # divides nothing it should
+    if name == "rotary_dim":
+        fields.pop("partial_rotary_factor", None)
+    if name == "partial_rotary_factor":
+        fields.pop("rotary_dim", None)
+    return fields, name, value
+
+
+@examples(150)
+@given(case=invalid_configs(), after_creation=st.booleans())
+def test_invalid_config_field_is_refused_by_name(case, after_creation):
+    """A bad value is refused with a ValueError or TypeError naming the field, whether given to the constructor or
+    set on a valid config before a model is built from it (fields may change in between)."""
+    fields, name, value = case
+    with pytest.raises((ValueError, TypeError), match=rf"\b{name}\b"):
+        if after_creation:
+            config = RoFormerConfig(**fields)
+            setattr(config, name, value)
+            RoFormerModel(config)
+        else:
+            RoFormerConfig(**{**fields, name: value})
+
+
+@st.composite
+def invalid_inputs(draw):
+    """(valid fields, a valid batch, the argument to break, the broken inputs)."""
+    fields = draw(config_fields())
+    fields["add_pooling_layer"] = False
+    batch = draw(batches(fields))
+    rows, width = batch["input_ids"].shape
+    ids = batch["input_ids"]
+    embeds = torch.zeros(rows, width, fields.get("embedding_size", fields["hidden_size"]))
+    breakages = {
+        "input_ids": [
+            ids.clone().index_fill_(1, torch.tensor([0]), fields["vocab_size"]),
+            ids.clone().index_fill_(1, torch.tensor([width - 1]), -1),
+            ids.float(),
+            ids.bool(),
+            ids[0],
+            ids[:, None],
+            ids.tolist(),
+            ids[:0],
+        ],
+        "token_type_ids": [
+            torch.full_like(ids, max(fields["type_vocab_size"], 1)),
+            torch.full_like(ids, -1),
+            torch.zeros(rows, width + 1, dtype=torch.long),
+            torch.zeros(rows + 1, width, dtype=torch.long),
+            torch.zeros(rows, width),
+            torch.zeros(rows, width, dtype=torch.long).tolist(),
+        ],
+        "position_ids": [
+            torch.arange(width + 1)[None],
+            torch.arange(width)[None, None],
+            torch.arange(width).expand(rows + 1, width),
+            torch.arange(width, dtype=torch.float32)[None],
+        ],
+        "attention_mask": [
+            torch.ones(rows, width + 1, dtype=torch.long),
+            torch.ones(rows + 1, width, dtype=torch.long),
+            torch.ones(rows, width, width),
+            torch.ones(rows, 1, width, width + 1),
+            torch.ones(rows + 1, 1, width, width),
+            torch.ones(rows, 1, width + 1, width),
+            batch["attention_mask"].tolist(),
+        ],
+        "inputs_embeds": [
+            embeds[..., :-1],
+            embeds[0],
+            embeds.long(),
+            embeds.double(),
+            embeds[:0],
+        ],
+        "input_ids or inputs_embeds": [None, "both"],
+    }
+    name = draw(st.sampled_from(sorted(breakages)))
+    value = draw(st.sampled_from(breakages[name]))
+    inputs = dict(batch)
+    if name == "inputs_embeds":
+        del inputs["input_ids"]
+        inputs["attention_mask"] = inputs["attention_mask"][: len(value)]
+    elif name == "input_ids or inputs_embeds":
+        if value is None:
+            del inputs["input_ids"]
+        else:
+            inputs["inputs_embeds"] = embeds
+        return fields, name, inputs
+    elif name == "input_ids" and isinstance(value, torch.Tensor) and value.dim() == 2 and not len(value):
+        inputs["attention_mask"] = inputs["attention_mask"][:0]
+    inputs[name] = value
+    return fields, name, inputs
+
+
+@examples(120)
+@given(case=invalid_inputs(), unpad_inputs=st.sampled_from(["never", "always"]))
+def test_invalid_input_is_refused_by_name(case, unpad_inputs):
+    """A bad argument (ids out of range, a wrong dtype or type, a mismatched shape, an empty batch) is a ValueError or
+    TypeError naming it, on the padded and the padding-free path, never an error from inside torch."""
+    fields, name, inputs = case
+    model = build(fields)
+    with pytest.raises((ValueError, TypeError), match=name):
+        run(model, "sdpa", unpad_inputs, **inputs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Regressions: the bugs the properties above found, each pinned by one example
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -347,3 +575,72 @@ def test_rms_norm_lm_head_with_factorised_embeddings_is_refused():
     config = RoFormerConfig(**tiny_fields(norm_type="rms_norm", embedding_size=8))
     with pytest.raises(ValueError, match=r"RoFormerConfig\.embedding_size \(8\) must equal hidden_size \(16\)"):
         RoFormerForMaskedLM(config)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # bare TypeErrors from a comparison or math.log, naming nothing
+        ({"rope_theta": "1e4"}, r"RoFormerConfig\.rope_theta must be positive"),
+        ({"partial_rotary_factor": "0.5"}, r"RoFormerConfig\.partial_rotary_factor must be in \(0, 1\]"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_fast": "32"}}, r"rope_scaling\['beta_fast'\]"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "mscale": "1"}}, r"rope_scaling\['mscale'\]"),
+        # "math domain error" from inside the YaRN ramp
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_slow": -1.0}}, r"rope_scaling\['beta_slow'\]"),
+        # accepted, then NaN in every output
+        ({"rope_theta": math.nan}, r"RoFormerConfig\.rope_theta must be positive"),
+        ({"layer_norm_eps": -1.0}, r"RoFormerConfig\.layer_norm_eps must be a number >= 0"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": math.nan}}, r"rope_scaling\['factor'\] must be a number"),
+        # accepted silently
+        ({"use_bias": "no"}, r"RoFormerConfig\.use_bias must be True or False"),
+        ({"rotary_value": 1}, r"RoFormerConfig\.rotary_value must be True or False"),
+        ({"partial_rotary_factor": True}, r"RoFormerConfig\.partial_rotary_factor must be in"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "attention_factor": -1.0}}, r"'attention_factor'\]"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "truncate": "no"}}, r"rope_scaling\['truncate'\]"),
+        # a KeyError or a RuntimeError only when the model was built
+        ({"hidden_act": "swish-ish"}, r"RoFormerConfig\.hidden_act must be the name of an activation"),
+        ({"initializer_range": -0.02}, r"RoFormerConfig\.initializer_range must be a number >= 0"),
+        # named embedding_size, which defaults to hidden_size, instead of the field that was given
+        ({"hidden_size": "16"}, r"RoFormerConfig\.hidden_size must be a positive integer"),
+    ],
+)
+def test_config_values_that_used_to_fail_late_or_silently_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        RoFormerConfig(**tiny_fields(**overrides))
+
+
+IDS = torch.ones(2, 5, dtype=torch.long)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        # errors from inside nn.Embedding, a LayerNorm or sdpa, or an AttributeError
+        ({"input_ids": IDS.float()}, r"input_ids must hold integers"),
+        ({"input_ids": IDS.tolist()}, r"input_ids must be a torch.Tensor, got list"),
+        ({"input_ids": IDS, "token_type_ids": torch.zeros(2, 5)}, r"token_type_ids must hold integers"),
+        ({"input_ids": IDS, "attention_mask": [[1] * 5] * 2}, r"attention_mask must be a torch.Tensor"),
+        ({"inputs_embeds": torch.zeros(2, 5, 16, dtype=torch.float64)}, r"inputs_embeds must have the model's dtype"),
+        ({"input_ids": IDS, "attention_mask": torch.ones(2, 1, 5, 4)}, r"a 4D attention_mask must have shape"),
+        ({"input_ids": IDS, "attention_mask": torch.ones(3, 1, 5, 5)}, r"a 4D attention_mask must have shape"),
+        ({"input_ids": IDS[:0]}, r"input_ids holds an empty batch"),
+        # accepted silently: integer embeddings, fractional positions indexing the table
+        ({"inputs_embeds": torch.zeros(2, 5, 16, dtype=torch.long)}, r"inputs_embeds must have the model's dtype"),
+        ({"input_ids": IDS, "position_ids": torch.arange(5.0)[None]}, r"position_ids must hold integers"),
+    ],
+)
+def test_inputs_that_used_to_fail_inside_torch_are_refused_by_name(inputs, message):
+    model = build(tiny_fields())
+    with pytest.raises((ValueError, TypeError), match=message):
+        model(**inputs)
+
+
+def test_inputs_embeds_of_another_dtype_are_taken_under_autocast():
+    """Under autocast, bfloat16 embeddings (say, from another autocast computation) into a float32 model are not
+    refused: autocast casts what enters each matmul, and the result is that of the same values in float32."""
+    model = build(tiny_fields())
+    embeds = torch.randn(2, 5, 16).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        mixed = model(inputs_embeds=embeds).last_hidden_state
+        same = model(inputs_embeds=embeds.float()).last_hidden_state
+    assert torch.equal(mixed, same)
