@@ -1,4 +1,4 @@
-"""Several processes on CPU (torchrun, gloo): the --ddp_timeout the user set, FSDP that shards, saved models that load.
+"""Several processes (torchrun; gloo on CPU): the --ddp_timeout the user set, FSDP that shards, models that load.
 
     @exit_on_data_error
     @exit_on_lost_process             # a failed collective: one line naming what happened, exit status 1
@@ -6,7 +6,7 @@
         ...
         prepare_processes(training_args)  # before building the Trainer
         trainer = Trainer(...)
-        save_as_own_class(trainer)        # checkpoints, the final model and push_to_hub keep the model's remote code
+        attach(trainer)                   # FSDP2: tied MLM heads shard; saves keep the model's class and tied names
 
 A process that dies (SIGKILL, out of memory) or hangs: under torchrun on one machine the agent sees a worker exit
 and stops the others at once (SIGTERM, then SIGKILL 30 s later), naming the worker and its signal. The processes
@@ -15,7 +15,7 @@ at once when the peer's connection closes, and after --ddp_timeout when the peer
 turns that error into one line and leaves at once, without the interpreter's teardown (which can wait on gloo's
 threads for good, see tests/helpers/littlebird_ddp.py).
 
-Three things go wrong on CPU without this module (transformers 5.23, accelerate 1.15, torch 2.13):
+What goes wrong without this module (transformers 5.23, accelerate 1.15, torch 2.13):
 
 - `--ddp_timeout` is passed to the process group only on GPUs (TrainingArguments._setup_devices): a CPU run keeps
   gloo's 30 minutes, so a process that hangs (a stopped or unreachable peer) held the others for half an hour
@@ -30,6 +30,9 @@ Three things go wrong on CPU without this module (transformers 5.23, accelerate 
   module, and `save_pretrained` writes the remote code of the model's class: every checkpoint got torch's private
   `_fsdp_*.py` files instead of `modeling_<model>.py`, and a config `auto_map` naming `_fsdp_init.FSDP<Model>`.
   `save_as_own_class` saves under the model's own class.
+- FSDP2 and an MLM head (GPUs too): see `unregister_embedding_aliases`; without it every posformers-pretrain MLM run
+  (and transformers' BERT) stopped at its first step. A full state dict gathered from the shards also held the tied
+  decoder weight a second time, which save_pretrained then wrote: `shared_state_dict` ties the names again.
 """
 
 from __future__ import annotations
@@ -45,8 +48,6 @@ import torch.distributed as dist
 from accelerate.utils import DistributedType
 from torch.distributed.fsdp import FSDPModule
 from transformers import Trainer, TrainingArguments
-
-logger = logging.getLogger(__name__)
 
 # What the scripts exit with when a collective fails (as for bad input: the user has to act, here by resuming).
 LOST_PROCESS_EXIT_STATUS = 1
@@ -125,18 +126,69 @@ def own_class(model) -> type:
     return next(base for base in type(model).__bases__ if not issubclass(base, FSDPModule))
 
 
-def save_as_own_class(trainer: Trainer) -> None:
-    """Make every save of `trainer` (checkpoints, the final model, push_to_hub) write the model under its own class.
-    Trainer._save is private: it is where process 0 writes the weights, gathered from the shards on every process
-    before, with save_pretrained; only the class object changes during it, not the modules or their parameters."""
+def attach(trainer: Trainer) -> None:
+    """After building the Trainer: under FSDP2, register the embeddings' parameters once; every save writes the model
+    under its own class (see the module's docstring)."""
+    aliases = {}
+    if trainer.is_fsdp_enabled and trainer.accelerator.state.fsdp_plugin.fsdp_version == 2:
+        aliases = unregister_embedding_aliases(trainer.model)
+    save_as_own_class(trainer, aliases)
+
+
+def unregister_embedding_aliases(model) -> dict[str, str]:
+    """Unregister the second names of the input and output embeddings' parameters held by other modules; returns
+    {second name: the embedding's name}.
+
+    accelerate shards the tied word embeddings and MLM decoder as one FSDP2 group, but a BERT-style head registers
+    the decoder's bias a second time (`cls.predictions.bias`, what checkpoints name it), which then lands in the
+    root's group: torch 2.13 refuses a parameter that two groups hold. Nothing reads the second name in a forward
+    pass (the decoder adds its bias); saves put it back into the state dict (`save_as_own_class`)."""
+    embeddings = [model.get_input_embeddings(), model.get_output_embeddings()]
+    names = {
+        id(parameter): f"{module_name}.{name}" if module_name else name
+        for module_name, module in model.named_modules()
+        if any(module is embedding for embedding in embeddings if embedding is not None)
+        for name, parameter in module.named_parameters(recurse=False)
+    }
+    aliases = {}
+    for module_name, module in model.named_modules():
+        if any(module is embedding for embedding in embeddings):
+            continue
+        for name, parameter in list(module.named_parameters(recurse=False)):
+            if id(parameter) in names:
+                del module._parameters[name]
+                aliases[f"{module_name}.{name}" if module_name else name] = names[id(parameter)]
+    return aliases
+
+
+def shared_state_dict(state_dict: dict, model, aliases: dict[str, str]) -> dict:
+    """A full state dict gathered from FSDP shards holds a copy per name of a tied parameter: one tensor for all its
+    names again (and its second names `aliases` back), so that save_pretrained keeps one of them, as without FSDP."""
+    state_dict = dict(state_dict)
+    first_names = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        first = first_names.setdefault(id(parameter), name)
+        if first != name and first in state_dict and name in state_dict:
+            state_dict[name] = state_dict[first]
+    state_dict.update({alias: state_dict[name] for alias, name in aliases.items() if name in state_dict})
+    return state_dict
+
+
+def save_as_own_class(trainer: Trainer, aliases: dict[str, str] | None = None) -> None:
+    """Make every save of `trainer` (checkpoints, the final model, push_to_hub) write the model under its own class,
+    with the parameters' second names `aliases` ({second name: name}) back in its state dict. Trainer._save is
+    private: it is where process 0 writes the weights, gathered from the shards on every process before, with
+    save_pretrained; only the class object changes during it, not the modules or their parameters."""
     save = trainer._save
 
-    def save_under_own_class(*args, **kwargs):
+    def save_under_own_class(output_dir=None, state_dict=None):
+        if state_dict and isinstance(trainer.model, FSDPModule):  # process 0's full state dict, the others' is empty
+            state_dict = shared_state_dict(state_dict, trainer.model, aliases or {})
         model = trainer.model
         sharded_class = type(model)
         model.__class__ = own_class(model)
         try:
-            return save(*args, **kwargs)
+            return save(output_dir, state_dict=state_dict)
         finally:
             model.__class__ = sharded_class
 

@@ -46,7 +46,7 @@ from transformers import (
 
 from . import metrics
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
-from .distributed import exit_on_lost_process, prepare_processes, save_as_own_class
+from .distributed import attach, exit_on_lost_process, prepare_processes
 from .errors import DataError, exit_on_data_error
 from .glue_data import GlueTask, Table, get_task, read_files, read_hub, split_files, submission_name
 from .glue_metrics import TASK_METRICS
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         callbacks=[ThroughputCallback()],
     )
     padding_free.attach(trainer)
-    save_as_own_class(trainer)
+    attach(trainer)
 
     def evaluate() -> dict[str, float]:
         """Every validation split: MNLI's mismatched one under `eval_mm_*`."""

@@ -69,7 +69,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingA
 
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
 from .checkpoints import last_complete_checkpoint
-from .distributed import exit_on_lost_process, prepare_processes, save_as_own_class
+from .distributed import attach, exit_on_lost_process, prepare_processes
 from .errors import ArgumentError, exit_on_data_error
 from .loading import load_config, load_model, load_tokenizer
 from .padding_free import plan_padding_free
@@ -371,7 +371,7 @@ def pretrain(objective: str, run: PretrainRun, checkpoint: str | None = None) ->
         )
 
     padding_free.attach(trainer)
-    save_as_own_class(trainer)
+    attach(trainer)
 
     def evaluate() -> dict[str, float]:
         metrics = trainer.evaluate()

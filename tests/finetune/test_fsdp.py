@@ -1,0 +1,287 @@
+"""Several processes: posformers-glue and posformers-pretrain under `torchrun --nproc_per_node 2` with FSDP on CPU
+(gloo; Trainer's --fsdp, FSDP2 `fully_shard`, finetune/distributed.py), and a process that dies or hangs mid-run.
+
+- FSDP trains, checkpoints, resumes and pushes to the Hub (a local fake one), and ends with the weights of the same
+  run under DDP; its checkpoints are FSDP's (pytorch_model_fsdp.bin: the run sharded, it did not fall back to DDP)
+  and load as the model's own remote code in a Python without posformers.
+- A process killed with SIGKILL: torchrun stops the run at once and names the process and the signal.
+- A process that hangs (SIGSTOP): the other one gives up after --ddp_timeout, with one line saying what happened.
+
+Each torchrun launch costs 10-20 s here: the runs are shared by module-scoped fixtures, and every wait is bounded
+(a launch that outlives its limit is killed with its whole process group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TOKENIZER_DIR, tiny_model_args
+from helpers import dying_rank, python_env
+from helpers.pretrain_corpus import TINY, write_corpus
+from helpers.remote import check_remote_load
+from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification
+
+pytestmark = pytest.mark.slow
+
+PROCESSES = 2
+STEPS, SAVE_STEPS = 8, 4
+FSDP = ["--fsdp", "--fsdp_config", json.dumps({"version": 2})]  # layers wrapped by the models' _no_split_modules
+TWO_LAYERS = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,max_position_embeddings=128"
+COMMON = [
+    "--report_to", "none", "--disable_tqdm", "True", "--log_level", "error", "--ddp_backend", "gloo", "--use_cpu",
+    "--learning_rate", "1e-3", "--save_strategy", "steps", "--save_steps", str(SAVE_STEPS),
+]  # fmt: skip
+LAUNCH_LIMIT = 300  # seconds for one torchrun launch
+
+
+def torchrun(target: list[str], *, env: dict[str, str], cwd: Path, timeout: float = LAUNCH_LIMIT):
+    """`torchrun --standalone --nproc_per_node 2 <target>`; the launcher and its workers are killed (SIGKILL to the
+    process group) if they outlive `timeout`. Returns (CompletedProcess, the monotonic time it ended)."""
+    launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
+    env = {key: value for key, value in env.items() if not key.startswith(launcher)}
+    env.update(OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(PROCESSES)]
+    process = subprocess.Popen(
+        [*command, *target], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate(timeout=60)
+        pytest.fail(f"torchrun ran past {timeout} s (killed)\nstderr:\n{stderr[-8000:]}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # a worker left behind (stopped, orphaned) goes with the launch
+            os.killpg(process.pid, signal.SIGKILL)
+    ended = time.time()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), ended
+
+
+def script(name: str) -> list[str]:
+    return ["-m", f"posformers.finetune.{name}"]
+
+
+def check_completed(result) -> None:
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-8000:]}"
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+def max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
+    assert sorted(first) == sorted(second)
+    return max((first[name] - second[name]).abs().max().item() for name in first)
+
+
+def check_own_remote_code(folder: Path, files: list[str]) -> None:
+    """A folder saved under FSDP holds the model's own code (not torch's _fsdp_*.py) and its auto_map names it."""
+    assert "modeling_roformer.py" in files, files
+    assert not [name for name in files if name.startswith("_fsdp")], files
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert all(target.split(".")[0] in ("configuration_roformer", "modeling_roformer") for target in auto_map.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# posformers-glue: DDP, FSDP (checkpoints, push), FSDP resumed from its first checkpoint
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def glue_runs(tmp_path_factory, glue_dir, hub_server):
+    work = tmp_path_factory.mktemp("fsdp-glue")
+    data = [
+        *tiny_model_args(overrides=TWO_LAYERS),
+        "--task_name", "sst2",
+        "--train_file", str(glue_dir / "sst2" / "dev.tsv"), "--validation_file", str(glue_dir / "sst2" / "dev.tsv"),
+        "--max_train_samples", "64", "--max_eval_samples", "48", "--max_seq_length", "48",
+        "--do_train", "--do_eval", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
+        "--max_steps", str(STEPS), *COMMON,
+    ]  # fmt: skip
+    env = python_env(work / "hf-home", endpoint=hub_server.url)
+    runs = {}
+    for name, extra in [
+        ("ddp", []),
+        ("fsdp", [*FSDP, "--push_to_hub", "--hub_model_id", "user/tiny-sst2-fsdp"]),
+        ("resumed", [*FSDP, "--resume_from_checkpoint", str(work / "fsdp" / f"checkpoint-{SAVE_STEPS}")]),
+    ]:
+        result, _ = torchrun([*script("run_glue"), *data, "--output_dir", str(work / name), *extra], env=env, cwd=work)
+        runs[name] = result
+    return {"work": work, "runs": runs, "env": env}
+
+
+def test_glue_fsdp_trains_and_checkpoints_sharded(glue_runs):
+    work, runs = glue_runs["work"], glue_runs["runs"]
+    check_completed(runs["fsdp"])
+    check_completed(runs["ddp"])
+    for step in (SAVE_STEPS, STEPS):
+        # Trainer writes FSDP's own model and optimizer state only when the model was sharded: without
+        # finetune/distributed.py, accelerate dropped --fsdp on CPU and this run was DDP.
+        assert (work / "fsdp" / f"checkpoint-{step}" / "pytorch_model_fsdp.bin").is_file()
+        assert not (work / "ddp" / f"checkpoint-{step}" / "pytorch_model_fsdp.bin").exists()
+    train = json.loads((work / "fsdp" / "train_results.json").read_text())
+    assert train["train_samples"] == 64
+
+
+def test_glue_fsdp_weights_equal_ddp(glue_runs):
+    work = glue_runs["work"]
+    for folder in (f"checkpoint-{SAVE_STEPS}", "."):
+        assert max_difference(weights(work / "fsdp" / folder), weights(work / "ddp" / folder)) <= 1e-5, folder
+    # the steps after the first checkpoint changed the weights: equal runs are not merely untrained ones
+    assert max_difference(weights(work / "fsdp"), weights(work / "fsdp" / f"checkpoint-{SAVE_STEPS}")) > 1e-4
+    fsdp, ddp = (json.loads((work / run / "eval_results.json").read_text()) for run in ("fsdp", "ddp"))
+    assert fsdp["eval_loss"] == pytest.approx(ddp["eval_loss"], abs=1e-5)
+    assert fsdp["eval_accuracy"] == ddp["eval_accuracy"]
+
+
+def test_glue_fsdp_resumes_to_the_uninterrupted_weights(glue_runs):
+    work, runs = glue_runs["work"], glue_runs["runs"]
+    check_completed(runs["resumed"])
+    state = json.loads((work / "resumed" / "trainer_state.json").read_text())
+    assert state["global_step"] == STEPS
+    assert not (work / "resumed" / f"checkpoint-{SAVE_STEPS}").exists()  # it started from the one of "fsdp"
+    assert max_difference(weights(work / "resumed"), weights(work / "fsdp")) <= 1e-6
+    resumed, whole = (json.loads((work / run / "eval_results.json").read_text()) for run in ("resumed", "fsdp"))
+    assert resumed["eval_loss"] == pytest.approx(whole["eval_loss"], abs=1e-6)
+    assert resumed["eval_accuracy"] == whole["eval_accuracy"]
+
+
+def test_glue_fsdp_saves_load_as_the_models_own_code(glue_runs, tmp_path, hub_server):
+    work = glue_runs["work"]
+    for folder in (work / "fsdp", work / "fsdp" / f"checkpoint-{SAVE_STEPS}"):
+        check_own_remote_code(folder, [path.name for path in folder.iterdir()])
+    pushed = hub_server.list_files("user/tiny-sst2-fsdp")
+    check_own_remote_code(work / "fsdp", pushed)
+    assert (
+        hub_server.read_file("user/tiny-sst2-fsdp", "model.safetensors")
+        == (work / "fsdp" / "model.safetensors").read_bytes()
+    )
+    model = AutoModelForSequenceClassification.from_pretrained(work / "fsdp").eval()
+    inputs = {"input_ids": torch.tensor([[101, 2023, 2003, 1037, 3231, 102]])}
+    source = ("AutoModelForSequenceClassification", "user/tiny-sst2-fsdp", model, inputs)
+    check_remote_load({"sst2": source}, env=glue_runs["env"], cwd=tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# posformers-pretrain: DDP, FSDP (checkpoints, push), FSDP resumed
+# ---------------------------------------------------------------------------------------------------------------------
+
+PRETRAIN_STEPS, PRETRAIN_SAVE_STEPS = 4, 2
+
+
+@pytest.fixture(scope="module")
+def pretrain_runs(tmp_path_factory, hub_server):
+    work = tmp_path_factory.mktemp("fsdp-pretrain")
+    corpus = write_corpus(work / "corpus", train_contexts=20, train_sentences=200, held_out=5)
+    args = [
+        "--model_type", "posformers-roformer", "--config_overrides", TINY["posformers-roformer"],
+        "--tokenizer_name", str(TOKENIZER_DIR), "--train_file", str(corpus["train"]),
+        "--validation_file", str(corpus["validation"]), "--max_seq_length", "32",
+        "--do_train", "--do_eval", "--max_steps", str(PRETRAIN_STEPS), "--per_device_train_batch_size", "4",
+        *COMMON, "--save_steps", str(PRETRAIN_SAVE_STEPS),
+    ]  # fmt: skip
+    env = python_env(work / "hf-home", endpoint=hub_server.url)
+    checkpoint = work / "fsdp" / f"checkpoint-{PRETRAIN_SAVE_STEPS}"
+    runs = {}
+    for name, extra in [
+        ("ddp", []),
+        ("fsdp", [*FSDP, "--push_to_hub", "--hub_model_id", "user/tiny-mlm-fsdp"]),
+        ("resumed", [*FSDP, "--resume_from_checkpoint", str(checkpoint), "--push_to_hub", "--hub_model_id",
+                     "user/tiny-mlm-fsdp-resumed"]),
+    ]:  # fmt: skip
+        result, _ = torchrun(
+            [*script("run_pretrain"), *args, "--output_dir", str(work / name), *extra], env=env, cwd=work
+        )
+        runs[name] = result
+    return {"work": work, "runs": runs}
+
+
+def test_pretrain_fsdp_trains_checkpoints_and_pushes(pretrain_runs, hub_server):
+    """Pushing saves on every process (a collective under FSDP), then process 0 uploads: a script that pushed from
+    process 0 only would hang here until the launch limit."""
+    work, runs = pretrain_runs["work"], pretrain_runs["runs"]
+    for name in ("ddp", "fsdp", "resumed"):
+        check_completed(runs[name])
+    assert (work / "fsdp" / f"checkpoint-{PRETRAIN_SAVE_STEPS}" / "pytorch_model_fsdp.bin").is_file()
+    for run, repo in (("fsdp", "user/tiny-mlm-fsdp"), ("resumed", "user/tiny-mlm-fsdp-resumed")):
+        assert hub_server.read_file(repo, "model.safetensors") == (work / run / "model.safetensors").read_bytes()
+        check_own_remote_code(work / run, hub_server.list_files(repo))
+
+
+def test_pretrain_fsdp_weights_equal_ddp_and_resume(pretrain_runs):
+    work = pretrain_runs["work"]
+    assert max_difference(weights(work / "fsdp"), weights(work / "ddp")) <= 1e-5
+    assert max_difference(weights(work / "resumed"), weights(work / "fsdp")) <= 1e-6
+    first = weights(work / "fsdp" / f"checkpoint-{PRETRAIN_SAVE_STEPS}")
+    assert max_difference(weights(work / "fsdp"), first) > 1e-4
+    fsdp, resumed = (json.loads((work / run / "eval_results.json").read_text()) for run in ("fsdp", "resumed"))
+    assert resumed["eval_loss"] == pytest.approx(fsdp["eval_loss"], abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A process that dies or hangs mid-run
+# ---------------------------------------------------------------------------------------------------------------------
+
+DDP_TIMEOUT = 10  # --ddp_timeout of the runs below, in seconds
+AGENT_GRACE = 30  # torchrun's wait between the SIGTERM and the SIGKILL it sends the workers it stops
+
+
+def dying_run(how: str, work: Path, glue_dir: Path):
+    """posformers-glue under FSDP in which process 1 `how`s ("kill": SIGKILL, "stop": SIGSTOP) at the end of step 3
+    of 40. Returns (CompletedProcess, seconds from the signal to torchrun's exit, the time of the signal)."""
+    mark = work / "signal-time"
+    args = [
+        *tiny_model_args(overrides=TWO_LAYERS), "--task_name", "sst2",
+        "--train_file", str(glue_dir / "sst2" / "dev.tsv"), "--max_train_samples", "320", "--max_seq_length", "48",
+        "--do_train", "--per_device_train_batch_size", "4", "--max_steps", "40", *COMMON, *FSDP,
+        "--ddp_timeout", str(DDP_TIMEOUT), "--output_dir", str(work / "out"),
+    ]  # fmt: skip
+    target = [dying_rank.__file__, how, "1", "3", str(mark), "run_glue", *args]
+    result, ended = torchrun(target, env=python_env(work / "hf-home"), cwd=work, timeout=240)
+    assert mark.is_file(), f"process 1 never reached step 3\n{result.stderr[-8000:]}"
+    signalled = float(mark.read_text())
+    return result, ended - signalled, signalled
+
+
+def root_cause(stderr: str) -> dict[str, str]:
+    """The "Root Cause" block of torchrun's failure report: {"time", "rank", "exitcode", ...}."""
+    block = stderr.split("Root Cause (first observed failure):", 1)[1].split("=====", 1)[0]
+    fields = (line.split(":", 1) for line in block.splitlines() if ":" in line)
+    return {key.strip(): value.strip() for key, value in fields}
+
+
+def test_a_killed_process_stops_the_run_at_once(tmp_path, glue_dir):
+    result, seconds, _ = dying_run("kill", tmp_path, glue_dir)
+    assert result.returncode != 0
+    cause = root_cause(result.stderr)
+    assert cause["rank"].startswith("1 ") and "SIGKILL" in cause["exitcode"], cause
+    # torchrun's agent sees the worker exit and stops the other one; nothing waits for a timeout
+    assert seconds < DDP_TIMEOUT + AGENT_GRACE, seconds
+    print(f"SIGKILL of process 1: torchrun exited {seconds:.1f} s later")
+
+
+def test_a_hung_process_is_given_up_after_ddp_timeout(tmp_path, glue_dir):
+    result, seconds, signalled = dying_run("stop", tmp_path, glue_dir)
+    assert result.returncode != 0
+    assert "error (processes): process 0 of 2: another process of this run died or stopped answering" in result.stderr
+    assert f"Timed out waiting {DDP_TIMEOUT * 1000}ms" in result.stderr  # gloo's own words, with our timeout
+    cause = root_cause(result.stderr)
+    assert cause["rank"].startswith("0 ") and cause["exitcode"].startswith("1"), cause
+    # process 0 left on its own, --ddp_timeout after its last collective began (torchrun's time has whole seconds)
+    gave_up = datetime.strptime(cause["time"], "%Y-%m-%d_%H:%M:%S").timestamp() - signalled
+    assert DDP_TIMEOUT - 1 <= gave_up <= DDP_TIMEOUT + 15, gave_up
+    # then torchrun stopped the hung process: SIGTERM, and SIGKILL after its grace period
+    assert seconds < DDP_TIMEOUT + AGENT_GRACE + 30, seconds
+    print(f"SIGSTOP of process 1: process 0 gave up {gave_up:.0f} s later, torchrun exited after {seconds:.1f} s")
