@@ -20,6 +20,7 @@ from helpers.corrupt import (
     pickle_that_runs_code,
     remove_a_shard,
     truncate,
+    truncate_pickle,
     truncate_shard,
     unknown_model_type,
     wrong_dtype,
@@ -57,6 +58,7 @@ BOTH = ("auto", "class")
 CASES = {
     "truncated safetensors": (truncate, False, r"truncated safetensors file \(\d+ bytes", BOTH),
     "truncated shard": (truncate_shard, True, r"truncated safetensors file \(\d+ bytes", BOTH),
+    "truncated pickle": (truncate_pickle, False, r"not a readable PyTorch checkpoint, truncated or corrupted", BOTH),
     "corrupted header": (corrupt_header, False, r"corrupted safetensors header \(not valid JSON", BOTH),
     "missing shard": (remove_a_shard, True, r"names 1 shard\(s\) that are not there: model-000\d\d-of-000\d\d", BOTH),
     "wrong shape": (

@@ -152,7 +152,13 @@ def explain_load_error(model_class, name_or_path, kwargs: dict, error: Exception
     if isinstance(error, pickle.UnpicklingError):
         return _pickle_refusal(files, error)
     if isinstance(error, RuntimeError) and "ignore_mismatched_sizes" in str(error):
-        return _shape_mismatch(model_class, name_or_path, kwargs, headers)
+        try:
+            return _shape_mismatch(model_class, name_or_path, kwargs, headers)
+        except Exception:  # the config or the model cannot be built: the original error says more
+            return None
+    for file in (file for file in files if not file.endswith(".safetensors")):
+        if (reason := _unreadable_pickle(file)) is not None:
+            return CheckpointError(f"{file}: not a readable PyTorch checkpoint, truncated or corrupted ({reason})")
     return None
 
 
@@ -165,6 +171,18 @@ def _pickle_refusal(files: list[str], error: Exception) -> CheckpointError:
         "file, re-save its tensors as safetensors in an isolated environment (torch.load(path, weights_only=False), "
         "then safetensors.torch.save_file) and load that"
     )
+
+
+def _unreadable_pickle(path: str) -> str | None:
+    """Why torch cannot read the (weights-only) pickle at `path`, or None when it can."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mapped: nothing is read into memory
+    except pickle.UnpicklingError:
+        return None  # readable, but refused: _pickle_refusal's case
+    except Exception as error:
+        reason = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        return None if "mmap" in reason else reason  # a legacy (pre-zip) file cannot be mapped, which is no fault
+    return None
 
 
 def _loads_safely(path: str) -> bool:

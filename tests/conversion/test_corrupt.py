@@ -21,6 +21,7 @@ from helpers.corrupt import (
     pickle_that_runs_code,
     remove_a_shard,
     truncate,
+    truncate_pickle,
     truncate_shard,
     unknown_model_type,
     wrong_dtype,
@@ -59,6 +60,7 @@ def remove_the_vocab(folder):
 CASES = {
     "truncated safetensors": (truncate, False, r"truncated safetensors file \(\d+ bytes", []),
     "truncated shard": (truncate_shard, True, r"truncated safetensors file \(\d+ bytes", []),
+    "truncated pickle": (truncate_pickle, False, r"not a readable PyTorch checkpoint", []),
     "corrupted header": (corrupt_header, False, r"corrupted safetensors header \(not valid JSON", []),
     "missing shard": (remove_a_shard, True, r"names shard files that do not exist: \[.*model-000\d\d-of-000\d\d", []),
     "wrong shape": (wrong_shape, False, r"shape mismatches: .*query\.weight: expected \(32, 32\), found \(3, 3\)", []),
