@@ -11,7 +11,8 @@ redraws the plot of a report already written, without running anything.
 `--suite` names any suite (`--model roformer` and `--suite roformer` are the same run). `realbatch` (see
 benchmarks/realbatch.py) runs every model, real-data workload, mode and variant in one run and also writes
 realbatch.md and a plot, realbatch.png; of the options below it takes --quick (tiny models, one timed batch per
-cell), --families, --threads, --max-other-cpu, --no-memory and --output.
+cell), --families, --threads, --max-other-cpu, --no-memory and --output. `gpu` runs benchmarks/gpu.py (the GPU suite,
+`python -m benchmarks.gpu`) with --device, --dtype, --output, and --quick as its --smoke.
 
 On CPU the torch thread count is fixed for the whole run (`--threads`, default: every core) and recorded; models run
 in float32. With CUDA available they run on the GPU in bfloat16.
@@ -34,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     suite = parser.add_mutually_exclusive_group(required=True)
     suite.add_argument("--model", choices=sorted(SUITES), help="benchmark suite of one model")
-    suite.add_argument("--suite", choices=[*sorted(SUITES), "realbatch"], help="benchmark suite")
+    suite.add_argument("--suite", choices=[*sorted(SUITES), "realbatch", "gpu"], help="benchmark suite")
     parser.add_argument(
         "--families",
         nargs="+",
@@ -101,6 +102,16 @@ def run_realbatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_gpu(args: argparse.Namespace) -> int:
+    """`python -m benchmarks.gpu` (see benchmarks/gpu.py) with --device, --dtype, --output, and --quick as --smoke."""
+    from . import gpu
+
+    argv = ["--device", args.device or "cuda", "--dtype", args.dtype or "bfloat16"]
+    argv += ["--smoke"] if args.quick else []
+    argv += ["--output", str(args.output)] if args.output else []
+    return gpu.main(argv)
+
+
 def write_plot(report: dict, json_path: Path) -> None:
     """<suite>.png beside the report's JSON, or the line saying why not."""
     try:
@@ -118,6 +129,8 @@ def main(argv=None) -> int:
         return 0
     if args.model == "realbatch":
         return run_realbatch(args)
+    if args.model == "gpu":
+        return run_gpu(args)
     if args.quick:
         seq_lens = args.seq_lens or list(QUICK_SEQ_LENS)
         repeats, warmup = args.repeats or 3, 1 if args.warmup is None else args.warmup

@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.attention.flex_attention as torch_flex
+from helpers.modeling import make_batch, max_diff, tiny_config
 
 from posformers.deberta import DebertaConfig, DebertaForMaskedLM, DebertaForReplacedTokenDetection, DebertaModel
 from posformers.deberta import modeling_deberta as deberta
-from tests.helpers.modeling import make_batch, max_diff, tiny_config
 
 pytestmark = pytest.mark.slow  # FlexAttention compiles through inductor on CPU: seconds per new shape
 
