@@ -109,27 +109,33 @@ def instrument(kill: dict | None, writes: list, report_path: Path | None = None)
     transformers.Trainer.train = train_with_kill_point
 
 
-def child(module, argv: list[str], kill: dict | None, report_path: Path) -> None:
-    """Run the script in this forked child; never returns."""
+def run_then_exit(module, argv: list[str], kill: dict | None, report_path: Path | None = None) -> None:
+    """Run the script with its kill point, write the report (with `report_path`) and leave with os._exit and the
+    script's exit status: no interpreter teardown in a forked child, nor in a torchrun process (gloo's process group
+    can deadlock in its destructor at exit). Never returns."""
     writes: list = []
-    log_path = report_path.with_suffix(".log")
-    status = 1
-    with open(log_path, "w", encoding="utf-8") as log:
-        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
-        try:
-            instrument(kill, writes, report_path)
-            metrics = module.main(argv)
+    status, metrics = 1, None
+    try:
+        instrument(kill, writes, report_path)
+        metrics = module.main(argv)
+        status = 0
+    except SystemExit as error:  # the scripts' one-line errors (1) and pre-emption (75)
+        print(error.code if isinstance(error.code, str) else "", flush=True)
+        status = error.code if isinstance(error.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        if report_path is not None:
             report_path.write_text(json.dumps({"metrics": metrics, "writes": writes}), encoding="utf-8")
-            status = 0
-        except SystemExit as error:  # the scripts' one-line errors (1) and pre-emption (75)
-            print(error.code if isinstance(error.code, str) else "", flush=True)
-            report_path.write_text(json.dumps({"metrics": None, "writes": writes}), encoding="utf-8")
-            status = error.code if isinstance(error.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush(), sys.stderr.flush()
-            os._exit(status)  # no interpreter teardown in a forked child
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(status)
+
+
+def child(module, argv: list[str], kill: dict | None, report_path: Path) -> None:
+    """Run the script in this forked child, its output into report_path's .log; never returns."""
+    with open(report_path.with_suffix(".log"), "w", encoding="utf-8") as log:
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+        run_then_exit(module, argv, kill, report_path)
 
 
 def wait(pid: int, timeout: float) -> int:
@@ -208,23 +214,9 @@ def main(plan_path: str) -> None:
 
 
 def sigterm_one_process(rank: int, step: int, script: str, argv: list[str]) -> None:
-    """One process of a torchrun: the script, with SIGTERM during `step` in process `rank` only; leaves with
-    os._exit (gloo's process group can deadlock in its destructor at interpreter exit)."""
+    """One process of a torchrun: the script, with SIGTERM during `step` in process `rank` only."""
     module = importlib.import_module(f"posformers.finetune.{script}")
-    kill = {"signal": "TERM", "step": step} if int(os.environ["RANK"]) == rank else None
-    status = 1
-    try:
-        instrument(kill, [])
-        module.main(argv)
-        status = 0
-    except SystemExit as error:
-        print(error.code if isinstance(error.code, str) else "", flush=True)
-        status = error.code if isinstance(error.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush(), sys.stderr.flush()
-        os._exit(status)
+    run_then_exit(module, argv, {"signal": "TERM", "step": step} if int(os.environ["RANK"]) == rank else None)
 
 
 if __name__ == "__main__":
