@@ -13,19 +13,7 @@ import shutil
 
 import pytest
 import torch
-from helpers.corrupt import (
-    config_field_of_the_wrong_type,
-    config_not_json,
-    corrupt_header,
-    pickle_that_runs_code,
-    remove_a_shard,
-    truncate,
-    truncate_pickle,
-    truncate_shard,
-    unknown_model_type,
-    wrong_dtype,
-    wrong_shape,
-)
+from helpers import corrupt
 from helpers.modeling import tiny_config
 from transformers import AutoModelForMaskedLM
 
@@ -56,30 +44,50 @@ def saved(tmp_path_factory):
 # case -> (break the folder, sharded?, the problem the message must state, loaders)
 BOTH = ("auto", "class")
 CASES = {
-    "truncated safetensors": (truncate, False, r"truncated safetensors file \(\d+ bytes", BOTH),
-    "truncated shard": (truncate_shard, True, r"truncated safetensors file \(\d+ bytes", BOTH),
-    "truncated pickle": (truncate_pickle, False, r"not a readable PyTorch checkpoint, truncated or corrupted", BOTH),
-    "corrupted header": (corrupt_header, False, r"corrupted safetensors header \(not valid JSON", BOTH),
-    "missing shard": (remove_a_shard, True, r"names 1 shard\(s\) that are not there: model-000\d\d-of-000\d\d", BOTH),
+    "truncated safetensors": (corrupt.truncate, False, r"truncated safetensors file \(\d+ bytes", BOTH),
+    "truncated shard": (corrupt.truncate_shard, True, r"truncated safetensors file \(\d+ bytes", BOTH),
+    "truncated pickle": (
+        corrupt.truncate_pickle,
+        False,
+        r"not a readable PyTorch checkpoint, truncated or corrupted",
+        BOTH,
+    ),
+    "corrupted header": (corrupt.corrupt_header, False, r"corrupted safetensors header \(not valid JSON", BOTH),
+    "missing shard": (
+        corrupt.remove_a_shard,
+        True,
+        r"names 1 shard\(s\) that are not there: model-000\d\d-of-000\d\d",
+        BOTH,
+    ),
     "wrong shape": (
-        wrong_shape,
+        corrupt.wrong_shape,
         False,
         r"query(_proj)?\.weight has shape \(3, 3\), the model expects \(32, 32\)",
         BOTH,
     ),
-    "wrong dtype": (wrong_dtype, False, r"query(_proj)?\.weight is stored as I64, the model's .* is float32", BOTH),
+    "wrong dtype": (
+        corrupt.wrong_dtype,
+        False,
+        r"query(_proj)?\.weight is stored as I64, the model's .* is float32",
+        BOTH,
+    ),
     "pickle that runs code": (
-        pickle_that_runs_code,
+        corrupt.pickle_that_runs_code,
         False,
         r"refused to unpickle, it calls os\.makedirs, which could run arbitrary code\. If you trust the file, "
         r"re-save its tensors as safetensors in an isolated environment",
         BOTH,
     ),
-    "config not JSON": (config_not_json, False, r"is not a valid JSON file", BOTH),
-    "config field type": (config_field_of_the_wrong_type, False, r"hidden_size must be .*, got '32'", BOTH),
+    "config not JSON": (corrupt.config_not_json, False, r"is not a valid JSON file", BOTH),
+    "config field type": (corrupt.config_field_of_the_wrong_type, False, r"hidden_size must be .*, got '32'", BOTH),
     # The Auto classes never reach posformers for a model_type nobody registered: transformers refuses it (naming the
     # model_type, not the file, and asking for trust_remote_code since the folder carries its code).
-    "unknown model_type": (unknown_model_type, False, r"unknown model_type 'posformers-nosuchmodel'", ("class",)),
+    "unknown model_type": (
+        corrupt.unknown_model_type,
+        False,
+        r"unknown model_type 'posformers-nosuchmodel'",
+        ("class",),
+    ),
 }
 
 
@@ -96,10 +104,10 @@ def test_intact_checkpoints_load_the_saved_weights(saved, family):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_from_pretrained_names_the_file_and_the_problem(saved, tmp_path, family, case):
-    corrupt, sharded, problem, loaders = CASES[case]
+    break_folder, sharded, problem, loaders = CASES[case]
     folder = tmp_path / family
     shutil.copytree(saved[family][2 if sharded else 1], folder)
-    broken = corrupt(folder)
+    broken = break_folder(folder)
     for loader in loaders:
         load = AutoModelForMaskedLM.from_pretrained if loader == "auto" else FAMILIES[family][1].from_pretrained
         with pytest.raises((OSError, ValueError)) as error:

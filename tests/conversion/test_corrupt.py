@@ -14,19 +14,7 @@ import shutil
 import pytest
 import torch
 import transformers
-from helpers.corrupt import (
-    config_field_of_the_wrong_type,
-    config_not_json,
-    corrupt_header,
-    pickle_that_runs_code,
-    remove_a_shard,
-    truncate,
-    truncate_pickle,
-    truncate_shard,
-    unknown_model_type,
-    wrong_dtype,
-    wrong_shape,
-)
+from helpers import corrupt
 
 from .conftest import VOCAB_DIR, assert_no_partial_outputs, tree_digest
 
@@ -58,29 +46,44 @@ def remove_the_vocab(folder):
 
 # case -> (break the source, sharded?, the problem the error line must state, extra arguments)
 CASES = {
-    "truncated safetensors": (truncate, False, r"truncated safetensors file \(\d+ bytes", []),
-    "truncated shard": (truncate_shard, True, r"truncated safetensors file \(\d+ bytes", []),
-    "truncated pickle": (truncate_pickle, False, r"not a readable PyTorch checkpoint", []),
-    "corrupted header": (corrupt_header, False, r"corrupted safetensors header \(not valid JSON", []),
-    "missing shard": (remove_a_shard, True, r"names shard files that do not exist: \[.*model-000\d\d-of-000\d\d", []),
-    "wrong shape": (wrong_shape, False, r"shape mismatches: .*query\.weight: expected \(32, 32\), found \(3, 3\)", []),
-    "wrong dtype": (wrong_dtype, False, r"not floating point \(the model's weights are\): .*query\.weight: int64", []),
+    "truncated safetensors": (corrupt.truncate, False, r"truncated safetensors file \(\d+ bytes", []),
+    "truncated shard": (corrupt.truncate_shard, True, r"truncated safetensors file \(\d+ bytes", []),
+    "truncated pickle": (corrupt.truncate_pickle, False, r"not a readable PyTorch checkpoint", []),
+    "corrupted header": (corrupt.corrupt_header, False, r"corrupted safetensors header \(not valid JSON", []),
+    "missing shard": (
+        corrupt.remove_a_shard,
+        True,
+        r"names shard files that do not exist: \[.*model-000\d\d-of-000\d\d",
+        [],
+    ),
+    "wrong shape": (
+        corrupt.wrong_shape,
+        False,
+        r"shape mismatches: .*query\.weight: expected \(32, 32\), found \(3, 3\)",
+        [],
+    ),
+    "wrong dtype": (
+        corrupt.wrong_dtype,
+        False,
+        r"not floating point \(the model's weights are\): .*query\.weight: int64",
+        [],
+    ),
     "pickle that runs code": (
-        pickle_that_runs_code,
+        corrupt.pickle_that_runs_code,
         False,
         r"refused to load\. This pickle needs more than tensors to be unpickled \(it calls os\.makedirs\), which "
         r"could run arbitrary code, so it is not read\. If you trust the file, re-save its tensors .*safetensors",
         [],
     ),
-    "config not JSON": (config_not_json, False, r"config\.json: not a readable JSON file", []),
+    "config not JSON": (corrupt.config_not_json, False, r"config\.json: not a readable JSON file", []),
     "config field type": (
-        config_field_of_the_wrong_type,
+        corrupt.config_field_of_the_wrong_type,
         False,
         r"config\.json: invalid RoFormer config \(RoFormerConfig\.hidden_size must be a positive integer, got '32'\)",
         [],
     ),
     "unknown model_type": (
-        unknown_model_type,
+        corrupt.unknown_model_type,
         False,
         r"config\.json: model_type is 'posformers-nosuchmodel', expected 'roformer'",
         [],
@@ -111,10 +114,10 @@ def test_the_intact_sources_convert(sources, workdir, convert_here):
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_broken_source_is_one_error_line_and_writes_nothing(sources, workdir, convert_here, case):
-    corrupt, sharded, problem, extra = CASES[case]
+    break_source, sharded, problem, extra = CASES[case]
     source = workdir / "source"
     shutil.copytree(sources["sharded" if sharded else "whole"], source)
-    broken = corrupt(source)
+    broken = break_source(source)
     output = workdir / "converted"
     result = convert_here(*convert_args(source, output, *(arg.format(source=source) for arg in extra)))
     assert_one_error_line(result, str(broken), str(source), problem=problem)
