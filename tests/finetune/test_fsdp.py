@@ -8,7 +8,7 @@
 - A process that hangs (SIGSTOP): the other one gives up after --ddp_timeout, with one line saying what happened.
 
 Each torchrun launch costs 10-20 s here: the runs are shared by module-scoped fixtures, and every wait is bounded
-(a launch that outlives its limit is killed with its whole process group).
+(a launch that outlives its limit is killed with its whole process group); they are marked slow.
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ import pytest
 import torch
 from conftest import TOKENIZER_DIR, tiny_model_args
 from helpers import dying_rank, python_env
+from helpers.modeling import make_batch, tensor_outputs, tiny_config
 from helpers.pretrain_corpus import TINY, write_corpus
 from helpers.remote import check_remote_load
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
 
-pytestmark = pytest.mark.slow
+import posformers
+from posformers.finetune.distributed import shared_state_dict, unregister_embedding_aliases
 
 PROCESSES = 2
 STEPS, SAVE_STEPS = 8, 4
@@ -95,6 +97,50 @@ def check_own_remote_code(folder: Path, files: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# The MLM heads' second name of the decoder bias (in-process, no torchrun)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model_class", "alias"),
+    [
+        ("RoFormerForMaskedLM", "cls.predictions.bias"),
+        ("DebertaForMaskedLM", "lm_predictions.lm_head.bias"),
+        ("LittleBirdForMaskedLM", "cls.predictions.bias"),
+    ],
+)
+def test_mlm_heads_register_the_embeddings_parameters_once(model_class, alias):
+    """What FSDP2 needs (one FSDP group per parameter) without changing what the model computes or saves."""
+    model_class = getattr(posformers, model_class)
+    torch.manual_seed(0)
+    model = model_class(tiny_config(model_class.config_class)).eval()
+    input_ids, attention_mask, _ = make_batch()
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    expected, state_dict = tensor_outputs(model, inputs), model.state_dict()
+    decoder_bias = model.get_output_embeddings().bias
+
+    aliases = unregister_embedding_aliases(model)
+
+    assert aliases == {alias: alias.rsplit(".", 1)[0] + ".decoder.bias"}
+    owners = [
+        name
+        for name, module in model.named_modules()
+        if any(parameter is decoder_bias for parameter in module.parameters(recurse=False))
+    ]
+    assert owners == [alias.rsplit(".", 1)[0] + ".decoder"]
+    for name, actual in tensor_outputs(model, inputs).items():
+        assert torch.equal(actual, expected[name]), name
+    # what saving puts back: every name of the state dict before, the tied ones sharing one tensor
+    without_alias = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    restored = shared_state_dict(without_alias, model, aliases)
+    assert sorted(restored) == sorted(state_dict)
+    assert all(torch.equal(restored[name], state_dict[name]) for name in state_dict)
+    assert restored[alias] is restored[aliases[alias]]
+    embeddings = [name for name in restored if name.endswith("word_embeddings.weight")]
+    assert restored[embeddings[0]] is restored[alias.rsplit(".", 1)[0] + ".decoder.weight"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # posformers-glue: DDP, FSDP (checkpoints, push), FSDP resumed from its first checkpoint
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -122,6 +168,7 @@ def glue_runs(tmp_path_factory, glue_dir, hub_server):
     return {"work": work, "runs": runs, "env": env}
 
 
+@pytest.mark.slow
 def test_glue_fsdp_trains_and_checkpoints_sharded(glue_runs):
     work, runs = glue_runs["work"], glue_runs["runs"]
     check_completed(runs["fsdp"])
@@ -135,6 +182,7 @@ def test_glue_fsdp_trains_and_checkpoints_sharded(glue_runs):
     assert train["train_samples"] == 64
 
 
+@pytest.mark.slow
 def test_glue_fsdp_weights_equal_ddp(glue_runs):
     work = glue_runs["work"]
     for folder in (f"checkpoint-{SAVE_STEPS}", "."):
@@ -146,6 +194,7 @@ def test_glue_fsdp_weights_equal_ddp(glue_runs):
     assert fsdp["eval_accuracy"] == ddp["eval_accuracy"]
 
 
+@pytest.mark.slow
 def test_glue_fsdp_resumes_to_the_uninterrupted_weights(glue_runs):
     work, runs = glue_runs["work"], glue_runs["runs"]
     check_completed(runs["resumed"])
@@ -158,6 +207,7 @@ def test_glue_fsdp_resumes_to_the_uninterrupted_weights(glue_runs):
     assert resumed["eval_accuracy"] == whole["eval_accuracy"]
 
 
+@pytest.mark.slow
 def test_glue_fsdp_saves_load_as_the_models_own_code(glue_runs, tmp_path, hub_server):
     work = glue_runs["work"]
     for folder in (work / "fsdp", work / "fsdp" / f"checkpoint-{SAVE_STEPS}"):
@@ -208,6 +258,7 @@ def pretrain_runs(tmp_path_factory, hub_server):
     return {"work": work, "runs": runs}
 
 
+@pytest.mark.slow
 def test_pretrain_fsdp_trains_checkpoints_and_pushes(pretrain_runs, hub_server):
     """Pushing saves on every process (a collective under FSDP), then process 0 uploads: a script that pushed from
     process 0 only would hang here until the launch limit."""
@@ -220,6 +271,7 @@ def test_pretrain_fsdp_trains_checkpoints_and_pushes(pretrain_runs, hub_server):
         check_own_remote_code(work / run, hub_server.list_files(repo))
 
 
+@pytest.mark.slow
 def test_pretrain_fsdp_weights_equal_ddp_and_resume(pretrain_runs):
     work = pretrain_runs["work"]
     assert max_difference(weights(work / "fsdp"), weights(work / "ddp")) <= 1e-5
@@ -262,6 +314,7 @@ def root_cause(stderr: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in fields}
 
 
+@pytest.mark.slow
 def test_a_killed_process_stops_the_run_at_once(tmp_path, glue_dir):
     result, seconds, _ = dying_run("kill", tmp_path, glue_dir)
     assert result.returncode != 0
@@ -272,6 +325,7 @@ def test_a_killed_process_stops_the_run_at_once(tmp_path, glue_dir):
     print(f"SIGKILL of process 1: torchrun exited {seconds:.1f} s later")
 
 
+@pytest.mark.slow
 def test_a_hung_process_is_given_up_after_ddp_timeout(tmp_path, glue_dir):
     result, seconds, signalled = dying_run("stop", tmp_path, glue_dir)
     assert result.returncode != 0
