@@ -468,6 +468,22 @@ def result_text(c: dict | None, key: str) -> str:
     return c.get("error", number(c.get(key), 1 if key != "tokens_per_s" else 0))
 
 
+def length_table(title: str, cells: list[dict]) -> list[str]:
+    """A markdown table of median ms (peak MiB) per row, workload and length."""
+    lengths = sorted({c["length"] for c in cells})
+    header = [f"{workload} {length}" for workload in WORKLOADS for length in lengths]
+    lines = [f"## {title}", "", "| row | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
+    for row in dict.fromkeys(c["row"] for c in cells):
+        values = []
+        for workload in WORKLOADS:
+            for length in lengths:
+                c = cell(cells, row=row, length=length, workload=workload)
+                memory = f" ({number(c['peak_mib'], 0)})" if c and "peak_mib" in c else ""
+                values.append(result_text(c, "median_ms") + memory)
+        lines.append(f"| {row} | " + " | ".join(values) + " |")
+    return lines
+
+
 def format_markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -480,18 +496,7 @@ def format_markdown(report: dict[str, Any]) -> str:
     sections = report["sections"]
     if "encoders" in sections:
         encoders = sections["encoders"]
-        lengths = sorted({c["length"] for c in encoders["cells"]})
-        lines += ["## Encoders: median ms per batch (peak MiB)", ""]
-        header = [f"{workload} {length}" for workload in WORKLOADS for length in lengths]
-        lines += ["| row | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
-        for row in dict.fromkeys(c["row"] for c in encoders["cells"]):
-            values = []
-            for workload in WORKLOADS:
-                for length in lengths:
-                    c = cell(encoders["cells"], row=row, length=length, workload=workload)
-                    memory = f" ({number(c['peak_mib'], 0)})" if c and "peak_mib" in c else ""
-                    values.append(result_text(c, "median_ms") + memory)
-            lines.append(f"| {row} | " + " | ".join(values) + " |")
+        lines += length_table("Encoders: median ms per batch (peak MiB)", encoders["cells"])
         lines += [f"- skipped {name}: {why}" for name, why in encoders["skipped"].items()]
         errors = ", ".join(f"{k}: {v:.1e}" for k, v in encoders["equivalence"].items())
         lines += [f"- fused DeBERTa vs transformers' DebertaV2 on the same weights, relative error: {errors}", ""]
@@ -509,18 +514,7 @@ def format_markdown(report: dict[str, Any]) -> str:
         lines.append("")
     if "long" in sections:
         long = sections["long"]
-        lengths = sorted({c["length"] for c in long["cells"]})
-        lines += ["## Long inputs, batch 1: median ms (peak MiB)", ""]
-        header = [f"{workload} {length}" for workload in WORKLOADS for length in lengths]
-        lines += ["| row | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
-        for row in dict.fromkeys(c["row"] for c in long["cells"]):
-            values = []
-            for workload in WORKLOADS:
-                for length in lengths:
-                    c = cell(long["cells"], row=row, length=length, workload=workload)
-                    memory = f" ({number(c['peak_mib'], 0)})" if c and "peak_mib" in c else ""
-                    values.append(result_text(c, "median_ms") + memory)
-            lines.append(f"| {row} | " + " | ".join(values) + " |")
+        lines += length_table("Long inputs, batch 1: median ms (peak MiB)", long["cells"])
         longest = long["longest_littlebird_training_input"]
         fits = longest["fits"]
         lines += [
