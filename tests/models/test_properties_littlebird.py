@@ -19,6 +19,7 @@ Examples per run (derandomized, so CI draws the same ones every time): `EXAMPLES
 """
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -36,6 +37,7 @@ from posformers import (
     LittleBirdForTokenClassification,
     LittleBirdModel,
 )
+from posformers.littlebird import modeling_littlebird
 from posformers.littlebird.configuration_littlebird import QA_HEADS, UNPAD_MODES
 
 TOL = 1e-9
@@ -56,7 +58,8 @@ EXAMPLES = {
     "paths": 120,
     "padding": 60,
     "flattened": 50,
-    "training": 40,
+    "gradients": 40,
+    "training": 60,
     "invalid_config": 150,
     "invalid_input": 100,
 }
@@ -209,28 +212,72 @@ def assert_same_at_real_tokens(actual, expected, mask: torch.Tensor, label: str)
 @given(fields=valid_fields(), seed=st.integers(0, 2**16), data=st.data())
 def test_every_path_gives_the_same_finite_outputs(fields, seed, data):
     """Padded path (the reference), padding-free path, explicit products (output_attentions), the training kernel
-    (autograd on), inputs_embeds: finite everywhere, equal at real tokens."""
+    (autograd on), both attention kernels in chunks of a drawn number of query blocks, inputs_embeds: finite
+    everywhere, equal at real tokens, every layer's hidden states included."""
     model = build_model(fields, seed)
     batch = data.draw(padded_batches(model.config))
+    chunk_elements = data.draw(st.sampled_from([1, 100, 1000]), label="chunk elements")
     mask = real_mask(batch)
     inputs_embeds = {key: value for key, value in batch.items() if key != "input_ids"}
 
     def every_path(model):
         inputs_embeds["inputs_embeds"] = model.embeddings.word_embeddings(batch["input_ids"]).detach()
-        return {
-            "padded": run(model, batch, "never"),
-            "padding-free": run(model, batch, "always"),
+        outputs = {
+            "padded": run(model, batch, "never", output_hidden_states=True),
+            "padding-free": run(model, batch, "always", output_hidden_states=True),
             "output_attentions": run(model, batch, "never", output_attentions=True),
             "training kernel": run(model, batch, "never", grad=True),
             "training kernel, padding-free": run(model, batch, "always", grad=True),
             "inputs_embeds": run(model, inputs_embeds, fields["unpad_inputs"]),
         }
+        with (
+            mock.patch.object(modeling_littlebird, "ATTENTION_CHUNK_ELEMENTS", chunk_elements),
+            mock.patch.object(modeling_littlebird, "LEAN_ATTENTION_CHUNK_ELEMENTS", chunk_elements),
+        ):
+            outputs["chunked"] = run(model, batch, "never")
+            outputs["training kernel, chunked"] = run(model, batch, "never", grad=True)
+        return outputs
 
     outputs = finite_then_float64(model, every_path)
     padded = outputs.pop("padded")
     assert padded.last_hidden_state.shape == (*batch["input_ids"].shape, model.config.hidden_size)
     for label, output in outputs.items():
         assert_same_at_real_tokens(output, padded, mask, label)
+    hidden_states = zip(outputs["padding-free"].hidden_states, padded.hidden_states, strict=True)
+    for layer, (actual, expected) in enumerate(hidden_states):
+        diff = max_diff(actual, expected, mask) if mask.any() else 0.0
+        assert diff <= TOL, f"padding-free: hidden_states[{layer}] differ by {diff}"
+
+
+@examples("gradients")
+@given(fields=valid_fields(), seed=st.integers(0, 2**16), data=st.data())
+def test_every_path_gives_the_same_gradients(fields, seed, data):
+    """The training kernel's hand-written backward (`LeanUnpackSlidingWindow`), padded and padding-free, against
+    autograd through the explicit products (output_attentions): the same gradient of every parameter, in float64, of a
+    random weighting of the outputs at real tokens and of the pack states of rows holding one."""
+    model = build_model(fields, seed).double()  # eval mode: no dropout, so every path computes the same function
+    batch = data.draw(padded_batches(model.config))
+    mask = real_mask(batch)
+    generator = torch.Generator().manual_seed(seed)
+    token_weights = torch.randn(*mask.shape, model.config.hidden_size, generator=generator, dtype=torch.float64)
+    token_weights = token_weights * mask[..., None]
+    pack_weights = torch.randn(mask.shape[0], model.config.pack_length, model.config.hidden_size, generator=generator)
+    pack_weights = pack_weights.double() * mask.any(-1)[:, None, None]
+
+    def gradients(unpad_inputs, **kwargs):
+        model.zero_grad()
+        output = run(model, batch, unpad_inputs, grad=True, **kwargs)
+        loss = (output.last_hidden_state * token_weights).sum() + (output.pack_states * pack_weights).sum()
+        loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    expected = gradients("never", output_attentions=True)
+    for label, actual in {"training kernel": gradients("never"), "padding-free": gradients("always")}.items():
+        for name, grad in expected.items():
+            other = actual.get(name, torch.zeros_like(grad))
+            diff = max_diff(other, grad)
+            # gradients are sums over every token and layer: relative to their size
+            assert diff <= TOL * (1 + grad.abs().max().item()), f"{label}: gradient of {name} differs by {diff}"
 
 
 @examples("padding")
@@ -341,8 +388,20 @@ HEADS = {
     "sequence_classification": LittleBirdForSequenceClassification,
     "token_classification": LittleBirdForTokenClassification,
     "question_answering": LittleBirdForQuestionAnswering,
+    "question_answering, span selection": LittleBirdForQuestionAnswering,
     "multiple_choice": LittleBirdForMultipleChoice,
 }
+
+
+def with_one_question(batch: dict, question_token_id: int, generator: torch.Generator) -> dict:
+    """`batch` with every row's first token real and exactly one [QUESTION] token at a random real position of each
+    row (qa_head="span_selection" needs one per example; other occurrences of the id become 0)."""
+    mask = real_mask(batch).clone()
+    mask[:, 0] = True
+    input_ids = batch["input_ids"].masked_fill(batch["input_ids"] == question_token_id, 0)
+    for row, length in enumerate(mask.sum(-1).tolist()):
+        input_ids[row, int(torch.randint(0, length, (), generator=generator))] = question_token_id
+    return {**batch, "input_ids": input_ids, "attention_mask": mask.long()}
 
 
 def head_labels(head: str, config: LittleBirdConfig, batch: dict, generator: torch.Generator) -> dict:
@@ -355,7 +414,7 @@ def head_labels(head: str, config: LittleBirdConfig, batch: dict, generator: tor
         }
     if head == "token_classification":
         return {"labels": torch.randint(0, 2, (rows, seq_len), generator=generator).masked_fill(~real, -100)}
-    if head == "question_answering":
+    if head.startswith("question_answering"):
         ends = (real.sum(-1) - 1).clamp_min(0)
         return {"start_positions": torch.zeros(rows, dtype=torch.long), "end_positions": ends}
     return {"labels": torch.randint(0, 2, (rows,), generator=generator)}
@@ -374,10 +433,16 @@ def test_a_training_step_of_every_head_is_finite(fields, seed, head, data):
     A batch without a labelled token (every row padding, for the token-level heads) has a NaN loss, the mean over no
     token, as in every transformers model (the Trainer passes num_items_in_batch, with which it is 0): only its
     gradients are checked there."""
-    model = build_model(fields, seed, HEADS[head], num_labels=2).train()
+    overrides = {"num_labels": 2}
+    if head == "question_answering, span selection":
+        overrides |= {"qa_head": "span_selection", "question_token_id": fields["vocab_size"] - 1}
+    model = build_model(fields, seed, HEADS[head], **overrides).train()
     batch = data.draw(padded_batches(model.config))
     batch.pop("position_ids", None)
-    labels = head_labels(head, model.config, batch, torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(seed)
+    if head == "question_answering, span selection":
+        batch = with_one_question(batch, model.config.question_token_id, generator)
+    labels = head_labels(head, model.config, batch, generator)
     if head == "multiple_choice":  # two choices: the batch and its rows reversed
         batch = {key: torch.stack((value, value.flip(0)), dim=1) for key, value in batch.items()}
     output = model(**batch, **labels)
