@@ -1411,9 +1411,11 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
 
         hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         sizes = (config.block_size, config.pack_length)
-        layout_args = dict(
-            dtype=hidden_states.dtype, device=hidden_states.device, global_prefix_length=config.global_prefix_length
-        )
+        # Under autocast the embeddings leave in float32 but attention runs in autocast's dtype: the masks take the
+        # latter's minimum (float32's would overflow to -inf there, and -inf times a zero bias feature is NaN).
+        device_type = hidden_states.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden_states.dtype
+        layout_args = dict(dtype=dtype, device=hidden_states.device, global_prefix_length=config.global_prefix_length)
         if packing is None:
             layout = BlockSparseLayout.build(attention_mask, *shape, *sizes, **layout_args)
         else:
