@@ -82,7 +82,7 @@ def test_fused_forward_equals_eager(variant, layout, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["padded", "packed"])
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ["v1", "v3"])  # v2's attention is v3's (its convolution sits outside attention)
 def test_fused_gradients_equal_eager_through_the_emd(variant, layout, device, flex_trains):
     """DebertaForMaskedLM with its Enhanced Mask Decoder (two more passes through the last layer, queries from the
     absolute positions): every parameter's gradient, the relative table's included."""
