@@ -160,6 +160,26 @@ def test_fused_bfloat16_within_one_percent_of_eager(layout, device, flex_trains)
         assert relative_error(actual[name], exact[name]) <= max(1e-2, 1.5 * eager_error), name
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_fused_builds_no_pairwise_tensor(layout, monkeypatch):
+    """Neither the (B, H, L, L) bias nor the (L, L) indices are built on the fused path: building either fails here."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fused path built a pairwise tensor")
+
+    monkeypatch.setattr(deberta, "gather_position_bias", refuse)
+    monkeypatch.setattr(deberta.RelativePositions, "p2c_index", property(refuse))
+    monkeypatch.setattr(deberta.RelativePositions, "c2p_index", property(refuse))
+    torch.manual_seed(0)
+    model = with_implementation(DebertaForMaskedLM(config("v3", emd_steps=2)).eval(), "posformers_fused", layout)
+    with torch.no_grad():
+        logits = model(**batch("cpu", layout)).logits
+    assert torch.isfinite(logits).all()
+    # the check can fail: the sdpa path builds both
+    with pytest.raises(AssertionError, match="pairwise"), torch.no_grad():
+        with_implementation(model, "sdpa", layout)(**batch("cpu", layout))
+
+
 @pytest.mark.parametrize("length", [1, 2, 5, 40, 129, 300])
 def test_kernel_distance_rows_equal_the_pair_indices(length):
     """The (2P - 1) vector the kernel reads gives, at i - j + P - 1, the row of the (L, L) indices the gathers read."""
