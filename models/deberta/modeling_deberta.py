@@ -1382,6 +1382,7 @@ def _check_index_ranges(checks) -> None:
             raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
 
 
+# Copied from posformers.roformer.modeling_roformer._check_input_types
 def _check_input_types(inputs: dict, dtype: torch.dtype) -> None:
     """Every given input (`inputs`: the forward arguments by name) is a tensor; ids (input_ids, token_type_ids,
     position_ids) are torch.long or torch.int, what embeddings and the rotary tables index with; inputs_embeds have

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from posformers import (
     DebertaConfig,
     DebertaForMaskedLM,
+    DebertaForMultipleChoice,
     DebertaForQuestionAnswering,
     DebertaForReplacedTokenDetection,
     DebertaForSequenceClassification,
@@ -183,7 +184,7 @@ def reads_absolute_positions(fields: dict, head: str) -> bool:
 
 
 @st.composite
-def batches(draw, fields: dict, head: str) -> dict:
+def batches(draw, fields: dict, head: str, rows: tuple[int, int] = (1, 3)) -> dict:
     """A right-padded batch: row lengths 0 (fully padded) to past max_relative_positions (and, where no absolute
     position is read, past max_position_embeddings), 0-3 extra padding columns, random ids at padding too, token types
     and position_ids per row or (1, L) broadcast, or inputs_embeds instead of input_ids."""
@@ -191,7 +192,7 @@ def batches(draw, fields: dict, head: str) -> dict:
     given_positions = absolute and draw(st.booleans())
     longest = 30 if not absolute or given_positions else fields["max_position_embeddings"] - 3
     longest = max(longest, 1)
-    lengths = draw(st.lists(st.integers(0, longest), min_size=1, max_size=3).filter(lambda ls: max(ls) > 0))
+    lengths = draw(st.lists(st.integers(0, longest), min_size=rows[0], max_size=rows[1]).filter(lambda ls: max(ls) > 0))
     width = max(lengths) + draw(st.integers(0, 3))
     if absolute and not given_positions:
         width = min(width, fields["max_position_embeddings"])
@@ -285,7 +286,8 @@ def check_against_alone(head: str, outputs: dict, expected: list, batch: dict, w
 @given(case=cases())
 def test_padded_batch_equals_each_sequence_alone_on_every_backend(case):
     """eager and sdpa, padded and padding-free, give every real token what its sequence alone gives, and nothing is
-    NaN or inf, fully padded rows included."""
+    NaN or inf, fully padded rows included. With output_attentions (which runs eager and padded) the same, and every
+    real query gives padded keys no weight."""
     head, fields, batch = case
     model = build(head, fields)
     expected = alone_outputs(model, batch)
@@ -293,6 +295,16 @@ def test_padded_batch_equals_each_sequence_alone_on_every_backend(case):
         for unpad_inputs in ("never", "always"):
             outputs = run(model, implementation, unpad_inputs, **batch)
             check_against_alone(head, outputs, expected, batch, f"{implementation}, unpad_inputs={unpad_inputs}")
+    model.config.unpad_inputs = "auto"
+    with torch.no_grad():
+        output = model(**batch, output_attentions=True)
+    tensors = {key: value for key, value in output.items() if isinstance(value, torch.Tensor)}
+    check_against_alone(head, tensors, expected, batch, "output_attentions")
+    mask = batch["attention_mask"].bool()
+    for weights in output.attentions:
+        assert torch.isfinite(weights).all()
+        to_padding = weights.masked_fill(mask[:, None, None, :], 0.0)  # weights on padded keys only
+        assert not to_padding[mask[:, None, :, None].expand_as(weights)].any()
 
 
 @st.composite
@@ -353,6 +365,44 @@ def test_flattened_batch_equals_each_sequence_alone(case):
                 else:
                     actual = value[0, starts[i] : starts[i] + n]
                 assert_close(actual, expected[i][key][0], f"{implementation}: {key}, sequence {i}")
+
+
+@st.composite
+def choice_cases(draw):
+    """Fields, and a batch of `examples x choices` rows with every input per row, for the multiple-choice head."""
+    fields = draw(config_fields("choice"))
+    examples_, choices = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    batch = draw(batches(fields, "choice", rows=(examples_ * choices, examples_ * choices)))
+    width = batch["attention_mask"].shape[1]
+    return (
+        fields,
+        {key: value.expand(examples_ * choices, width, *value.shape[2:]) for key, value in batch.items()},
+        choices,
+    )
+
+
+@examples(30)
+@given(case=choice_cases())
+def test_multiple_choice_equals_each_choice_alone(case):
+    """(examples, choices, L) inputs: each choice's logit is what the choice alone gives (choices with a real token),
+    on eager and sdpa, padded and padding-free."""
+    fields, batch, choices = case
+    torch.manual_seed(0)
+    model = DebertaForMultipleChoice(DebertaConfig(**fields)).eval()
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    expected = []
+    for i, n in enumerate(lengths):  # each choice alone: one example of one choice, (1, 1, n)
+        alone = {key: value[None] for key, value in row(batch, i, n).items()}
+        expected.append(run(model, "eager", "never", **alone)["logits"][0] if n else None)
+    grouped = {key: value.unflatten(0, (-1, choices)) for key, value in batch.items()}
+    for implementation in ("eager", "sdpa"):
+        for unpad_inputs in ("never", "always"):
+            logits = run(model, implementation, unpad_inputs, **grouped)["logits"].flatten()
+            assert torch.isfinite(logits).all()
+            for i, n in enumerate(lengths):
+                if n:
+                    what = f"{implementation}, unpad_inputs={unpad_inputs}, choice row {i}"
+                    assert_close(logits[i : i + 1], expected[i], what)
 
 
 @examples(40)
