@@ -526,20 +526,16 @@ def test_fused_attention_score_mod_equals_each_sequence_alone(case):
         check_fused_attention(*case)
 
 
+# The smallest model the strategies draw (hidden 4, one head and layer), for the tests of one case.
+SMALLEST = dict(
+    vocab_size=5, hidden_size=4, num_hidden_layers=1, num_attention_heads=1, intermediate_size=1, position_buckets=-1
+)
+
+
 def test_tolerance_detects_an_unmasked_padding_token():
     """The comparisons can fail: one padding token left visible to attention moves real tokens far beyond TOLERANCE
     (for the smallest model and weights the strategies draw)."""
-    fields = dict(
-        vocab_size=5,
-        hidden_size=4,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        intermediate_size=1,
-        max_position_embeddings=8,
-        position_buckets=-1,
-        initializer_range=0.02,
-    )
-    model = build("base", fields)
+    model = build("base", {**SMALLEST, "max_position_embeddings": 8, "initializer_range": 0.02})
     input_ids = torch.tensor([[1, 2, 3, 4]])
     mask = torch.tensor([[1, 1, 1, 0]])
     expected = alone_outputs(model, {"input_ids": input_ids, "attention_mask": mask})
@@ -557,17 +553,7 @@ def test_set_attn_implementation_switches_the_kernel(monkeypatch):
     calls = []
     eager = modeling.eager_attention
     monkeypatch.setattr(modeling, "eager_attention", lambda *args: calls.append(1) or eager(*args))
-    model = build(
-        "base",
-        dict(
-            vocab_size=5,
-            hidden_size=4,
-            num_hidden_layers=1,
-            num_attention_heads=1,
-            intermediate_size=1,
-            position_buckets=-1,
-        ),
-    )
+    model = build("base", SMALLEST)
     for implementation in ("eager", "flex_attention", "sdpa"):
         model.set_attn_implementation(implementation)
         assert model.config._attn_implementation == implementation
@@ -667,6 +653,9 @@ def test_invalid_config_is_refused_naming_the_field(case):
     assert field in str(error.value), f"{field}={fields[field]!r}: {error.value}"
 
 
+# A small config for the regression tests (8 wide: the inputs_embeds below).
+SMALL = dict(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=5)
+
 # Each once accepted (the model then failed deep inside torch, or silently read "false" as true) or refused with a
 # message naming nothing; found by the test above.
 CONFIG_REGRESSIONS = {
@@ -685,10 +674,9 @@ CONFIG_REGRESSIONS = {
 
 @pytest.mark.parametrize("field, value", CONFIG_REGRESSIONS.values(), ids=CONFIG_REGRESSIONS.keys())
 def test_config_regressions_name_the_field(field, value):
-    fields = dict(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=5)
     with pytest.raises(ValueError, match=rf"DebertaConfig\.{field} must"):
-        DebertaConfig(**fields, **{field: value})
-    config = DebertaConfig(**fields)
+        DebertaConfig(**SMALL, **{field: value})
+    config = DebertaConfig(**SMALL)
     setattr(config, field, value)  # changed after creation: refused when a model is built
     with pytest.raises(ValueError, match=rf"DebertaConfig\.{field} must"):
         DebertaModel(config)
@@ -786,7 +774,6 @@ INPUT_REGRESSIONS = {
 
 @pytest.mark.parametrize("argument, inputs", INPUT_REGRESSIONS.values(), ids=INPUT_REGRESSIONS.keys())
 def test_input_regressions_name_the_argument(argument, inputs):
-    fields = dict(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=5)
-    model = build("base", {**fields, "type_vocab_size": 2, "position_biased_input": True})
+    model = build("base", {**SMALL, "type_vocab_size": 2, "position_biased_input": True})
     with pytest.raises(TypeError, match=rf"^{argument} must"):
         model(**inputs)
