@@ -641,6 +641,36 @@ def corruptions(config: LittleBirdConfig, batch: dict) -> dict:
             "empty",
         ),
     }
+    flat_ids = ids.flatten()[None]  # one row of rows * seq_len tokens: a flattened batch of the rows
+    flat_positions = torch.arange(seq_len).repeat(rows)[None]
+    cu_seq_lens = torch.arange(rows + 1, dtype=torch.int32) * seq_len
+    table |= {
+        "cu_seq_lens without position_ids": (
+            lambda v, batch: {"input_ids": flat_ids, "cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens},
+            st.just(None),
+            "position_ids",
+        ),
+        "cu_seq_lens_q and cu_seq_lens_k that differ": (
+            lambda v, batch: {
+                "input_ids": flat_ids,
+                "position_ids": flat_positions,
+                "cu_seq_lens_q": cu_seq_lens,
+                "cu_seq_lens_k": cu_seq_lens + torch.tensor([0] * rows + [v], dtype=torch.int32),
+            },
+            st.integers(1, 3),
+            "cu_seq_lens_q and cu_seq_lens_k",
+        ),
+    }
+    if rows > 1 and seq_len > 1:  # a flattened batch (restarting position_ids) with a padding mask
+        table["a flattened batch with padding"] = (
+            lambda v, batch: {
+                "input_ids": flat_ids,
+                "position_ids": flat_positions,
+                "attention_mask": torch.ones_like(flat_ids).index_fill_(1, torch.tensor([v % flat_ids.shape[1]]), 0),
+            },
+            st.integers(1, 100),
+            "attention_mask",
+        )
     if seq_len > 1:  # a padded first token before a real one
         table["left padding"] = (
             replace(attention_mask=lambda v: torch.ones(rows, seq_len).index_fill_(1, torch.tensor([0]), 0)),
