@@ -183,10 +183,23 @@ class RoFormerRotaryEmbedding(nn.Module):
         init.copy_(self.sin_cached, sin)
 
     @torch.no_grad()
-    def forward(self, position_ids: torch.Tensor, total_length: int, dtype: torch.dtype, from_table: bool = True):
+    def forward(
+        self,
+        position_ids: torch.Tensor,
+        total_length: int,
+        dtype: torch.dtype,
+        from_table: bool = True,
+        scaling_length: int | None = None,
+    ):
         """position_ids: (B or 1, L) -> cos, sin of shape (B or 1, L, 1, rotary_dim) in `dtype`, laid out for
-        `apply_rotary` in the config's current `rope_layout`. `from_table=False` computes them: position_ids a caller
-        chose may lie anywhere (negative, or past the table however short the input), and the values are the same."""
+        `apply_rotary` in the config's current `rope_layout`.
+
+        total_length: one past the largest position, padding included (the table serves positions below
+        max_position_embeddings). `from_table=False` computes the values instead: position_ids a caller chose may lie
+        anywhere (negative, or past the table however short the input), and the values are the same.
+        `scaling_length` (default `total_length`): the length dynamic NTK scaling sizes its base for, that of the
+        longest real sequence where padding makes `total_length` longer.
+        """
         max_cached = self.config.max_position_embeddings
         # An exported graph (ONNX) must serve every length: it computes the tables, never branching on the length.
         exporting = torch.compiler.is_exporting()
@@ -196,7 +209,7 @@ class RoFormerRotaryEmbedding(nn.Module):
                 "rope_scaling is configured: rotary positions extrapolate beyond what the model was trained on."
             )
         if not from_table or exporting or total_length > max_cached or self.cos_cached.device.type == "meta":
-            cos, sin = self.compute_tables(position_ids, seq_len=total_length)
+            cos, sin = self.compute_tables(position_ids, seq_len=scaling_length or total_length)
         else:
             cos, sin = self.cos_cached[position_ids], self.sin_cached[position_ids]
         cos, sin = expand_cos_sin(cos[:, :, None].to(dtype), sin[:, :, None].to(dtype), self.config.rope_layout)
@@ -982,12 +995,13 @@ def _check_input_types(inputs: dict, dtype: torch.dtype) -> None:
         raise TypeError(f"inputs_embeds must have the model's dtype {dtype}, got {embeds.dtype}")
 
 
-def _check_attention_mask(attention_mask, shape: tuple[int, int], past_length: int, num_heads: int) -> None:
-    """A 2D mask is (batch, cached + new tokens); a 4D one (batch or 1, 1 or heads, new tokens, at least cached + new
-    tokens: a static cache's mask spans its whole length)."""
+def _check_attention_mask(attention_mask, shape: tuple[int, int], past_length: int | None, num_heads: int) -> None:
+    """A 2D mask is (batch, cached + new tokens); a 4D one (batch or 1, 1 or heads, new tokens, keys): with a cache
+    (`past_length` not None) at least cached + new keys, as a static cache's mask spans its whole length; without
+    one exactly the new tokens."""
     if attention_mask is None:
         return
-    keys = past_length + shape[1]
+    keys = (past_length or 0) + shape[1]
     if attention_mask.dim() == 2:
         if tuple(attention_mask.shape) != (shape[0], keys):
             raise ValueError(
@@ -1004,10 +1018,12 @@ def _check_attention_mask(attention_mask, shape: tuple[int, int], past_length: i
         or attention_mask.shape[1] not in (1, num_heads)
         or attention_mask.shape[2] != shape[1]
         or attention_mask.shape[3] < keys
+        or (past_length is None and attention_mask.shape[3] != keys)
     ):
+        kv_len = f"kv_len >= {keys}" if past_length is not None else f"kv_len={keys}"
         raise ValueError(
             f"a 4D attention_mask must have shape (batch={shape[0]} or 1, 1 or heads={num_heads}, "
-            f"q_len={shape[1]}, kv_len >= {keys}), got {tuple(attention_mask.shape)}"
+            f"q_len={shape[1]}, {kv_len}), got {tuple(attention_mask.shape)}"
         )
 
 
@@ -1018,11 +1034,11 @@ def _check_inputs(
     attention_mask,
     token_type_ids,
     position_ids,
-    past_length: int,
+    past_length: int | None,
     dtype: torch.dtype,
 ):
-    """Clear errors for malformed inputs (the model's dtype `dtype`), before they reach an index or a reshape deep
-    inside torch; returns the input's (batch, seq_len)."""
+    """Clear errors for malformed inputs (the model's dtype `dtype`; `past_length` None without a cache), before they
+    reach an index or a reshape deep inside torch; returns the input's (batch, seq_len)."""
     _check_input_types(
         dict(
             input_ids=input_ids,
@@ -1183,7 +1199,7 @@ class RoFormerModel(RoFormerPreTrainedModel):
             attention_mask,
             token_type_ids,
             position_ids,
-            past_length,
+            past_length if past_key_values is not None else None,
             self.dtype,
         )
         cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
@@ -1225,13 +1241,18 @@ class RoFormerModel(RoFormerPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
         total_length = packing.width if packing is not None else past_length + seq_len
+        scaling_length = None
         if self.rotary_emb.dynamic:
             real_tokens = None
             if packing is None and attention_mask is not None and attention_mask.dim() == 2:
                 real_tokens = attention_mask[:, -seq_len:].bool()
-            total_length = real_position_extent(position_ids, real_tokens, total_length)
+            scaling_length = real_position_extent(position_ids, real_tokens, total_length)
         position_embeddings = self.rotary_emb(
-            position_ids, total_length, hidden_states.dtype, from_table=not positions_given
+            position_ids,
+            total_length,
+            hidden_states.dtype,
+            from_table=not positions_given,
+            scaling_length=scaling_length,
         )
 
         causal = is_causal_pass(config, past_length)
