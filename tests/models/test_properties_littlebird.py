@@ -122,6 +122,7 @@ def valid_fields(draw) -> dict:
         bialibi_init=bialibi_init,
         global_prefix_length=draw(st.integers(1, block_size)),
         unpad_inputs=draw(st.sampled_from(UNPAD_MODES)),
+        tie_word_embeddings=draw(st.booleans()),
     )
 
 
@@ -140,11 +141,12 @@ def build_model(fields: dict, seed: int, model_class=LittleBirdModel, **override
 
 @st.composite
 def padded_batches(draw, config: LittleBirdConfig, holes: bool = False) -> dict:
-    """A right-padded batch for `config`: 1-4 rows, seq_len from 1 to 6 blocks past the pack length, each row 0 (all
-    padding) to seq_len real tokens; token types, an attention mask and position_ids when drawn. With `holes`, padding
-    may also sit between real tokens after the first (Padding Insertion)."""
+    """A right-padded batch for `config`: 1-4 rows, seq_len from 1 to 8 blocks and a part (12 blocks and a part of a
+    block of 1, 40 tokens at most), each row 0 (all padding) to seq_len real tokens; token types, an attention mask
+    and position_ids when drawn. With `holes`, padding may also sit between real tokens after the first (Padding
+    Insertion)."""
     rows = draw(st.integers(1, 4))
-    seq_len = draw(st.integers(1, min(6 * config.block_size + 3, 40)))
+    seq_len = draw(st.integers(1, min(max(8 * config.block_size, 12) + 3, 40)))
     lengths = draw(st.lists(st.integers(0, seq_len), min_size=rows, max_size=rows))
     seed = draw(st.integers(0, 2**16))
     generator = torch.Generator().manual_seed(seed)
