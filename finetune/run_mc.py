@@ -43,6 +43,7 @@ from transformers import (
 )
 
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
+from .distributed import attach, exit_on_lost_process, prepare_processes
 from .errors import DataError, exit_on_data_error
 from .glue_metrics import accuracy
 from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
@@ -138,6 +139,7 @@ def write_predictions(path: Path, questions: list[dict], logits) -> None:
 
 
 @exit_on_data_error
+@exit_on_lost_process
 def main(argv: list[str] | None = None) -> dict | None:
     """Run the script with `argv` (CLI words; None: sys.argv). In-process callers get every metric it reported."""
     model_args, data_args, run_args, training_args = parse_arguments(
@@ -175,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     }
 
     count_tokens(training_args)
+    prepare_processes(training_args)
     trainer = Trainer(
         model=model,
         args=training_args,
@@ -186,6 +189,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         callbacks=[ThroughputCallback()],
     )
     padding_free.attach(trainer)
+    attach(trainer)
     output_dir = Path(training_args.output_dir)
 
     def evaluate() -> dict:

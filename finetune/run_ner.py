@@ -45,6 +45,7 @@ from transformers import (
 
 from . import metrics
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
+from .distributed import attach, exit_on_lost_process, prepare_processes
 from .errors import ArgumentError, DataError, exit_on_data_error
 from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
 from .ner_data import label_list, read_hub, read_split_files
@@ -303,6 +304,7 @@ class NerScorer:
 
 
 @exit_on_data_error
+@exit_on_lost_process
 def main(argv: list[str] | None = None) -> dict | None:
     """Run the script with `argv` (CLI words; None: sys.argv). In-process callers get every metric it reported."""
     model_args, data_args, run_args, training_args = parse_arguments(
@@ -337,6 +339,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     scorer = NerScorer(splits, kept, config.id2label, data_args.return_entity_level_metrics)
 
     count_tokens(training_args)
+    prepare_processes(training_args)
     trainer = Trainer(
         model=model,
         args=training_args,
@@ -352,6 +355,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         callbacks=[ThroughputCallback()],
     )
     padding_free.attach(trainer)
+    attach(trainer)
     output_dir = Path(training_args.output_dir)
 
     def evaluate() -> dict:

@@ -71,6 +71,7 @@ from transformers import (
 )
 
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
+from .distributed import attach, exit_on_lost_process, prepare_processes
 from .errors import ArgumentError, BadExamples, DataError, exit_on_data_error
 from .loading import load_config, load_model, load_tokenizer
 from .lora import apply_lora
@@ -295,6 +296,7 @@ def to_features(
 
 
 @exit_on_data_error
+@exit_on_lost_process
 def main(argv: list[str] | None = None) -> dict | None:
     """Run the script with `argv` (CLI words; None: sys.argv). In-process callers get every metric it reported."""
     model_args, data_args, run_args, training_args = parse_arguments(
@@ -333,6 +335,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     )
     eval_examples, eval_features = datasets_.get("validation", (None, None))
     count_tokens(training_args)
+    prepare_processes(training_args)
     trainer = QuestionAnsweringTrainer(
         model=model,
         args=training_args,
@@ -354,6 +357,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         callbacks=[ThroughputCallback()],
     )
     padding_free.attach(trainer)
+    attach(trainer)
 
     def evaluate() -> dict:
         metrics = {**trainer.evaluate(), "eval_samples": len(eval_examples)}
