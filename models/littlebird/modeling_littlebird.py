@@ -27,9 +27,10 @@ encoder, pre-trained base, base model, heads. This file imports only torch, tran
 `configuration_littlebird.py`: `save_pretrained` copies both to the Hub for `trust_remote_code` users.
 """
 
+import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +48,12 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.utils import is_torchdynamo_compiling
+from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_littlebird import LittleBirdConfig
 from .loading_littlebird import check_loaded_dtypes, explain_load_error
+
+logger = logging.get_logger(__name__)
 
 # Every query block attends exactly this many key blocks [paper, Figure 2].
 WINDOW_BLOCKS = 4
@@ -107,12 +110,19 @@ def bialibi_distances(
     [paper]) or join a position of the global prefix (i or j < `global_prefix_length`) with one outside it [choice,
     `LittleBirdConfig.global_prefix_length`; 1, the paper's rule, adds no pair]; their first two channels are zero.
     """
+    after, before, touches_cls = bialibi_channels(query_positions, key_positions, global_prefix_length)
+    return torch.stack(torch.broadcast_tensors(after, before, touches_cls.to(after.dtype))).float()
+
+
+def bialibi_channels(query_positions, key_positions, global_prefix_length: int):
+    """The three channels of `bialibi_distances` as (after, before, distance-free): integer, integer, bool.
+    Elementwise only, so that the fused kernel's score_mod computes them per (query, key) pair."""
     offset = key_positions - query_positions
     in_prefix = (query_positions < global_prefix_length) != (key_positions < global_prefix_length)
     touches_cls = ((query_positions == 0) | (key_positions == 0) | in_prefix) & (offset != 0)
-    after = offset.clamp_min(0).masked_fill(touches_cls, 0)
-    before = (-offset).clamp_min(0).masked_fill(touches_cls, 0)
-    return torch.stack(torch.broadcast_tensors(after, before, touches_cls.to(after.dtype))).float()
+    after = torch.where(touches_cls, 0, offset.clamp_min(0))
+    before = torch.where(touches_cls, 0, (-offset).clamp_min(0))
+    return after, before, touches_cls
 
 
 def bialibi_coefficients(alpha: torch.Tensor, beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
@@ -154,6 +164,10 @@ class BlockSparseLayout:
         channels into the additive bias.
     mask_value: the most negative finite value of the compute dtype, what masked keys get.
     pack_key_mask: (B, 1, 1, L) additive mask of the pack attention's keys (padding), or None without padding.
+    real_blocks: (B,) long, each example's number of real blocks `m` (`window_key_blocks`).
+    token_keys: (B, n * b) bool, which token positions are real keys (False for padding and past L).
+    global_prefix_length: as in `bialibi_distances`.
+    kernel_cache: what the fused kernel builds once per pass and every layer reuses (its block mask).
 
     Padding may also sit between real tokens (Padding Insertion, a training recipe of the paper): such keys are
     masked like any padding, but they keep their positions, so they lengthen BiALiBi distances and move later tokens
@@ -168,6 +182,10 @@ class BlockSparseLayout:
     bias_features: torch.Tensor
     mask_value: float
     pack_key_mask: torch.Tensor | None
+    real_blocks: torch.Tensor
+    token_keys: torch.Tensor
+    global_prefix_length: int = 1
+    kernel_cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def keys_per_block(self) -> int:
@@ -233,6 +251,11 @@ class BlockSparseLayout:
             bias_features=bias_features.permute(1, 2, 0, 3, 4).reshape(batch_size * n, 4, -1),
             mask_value=min_value,
             pack_key_mask=pack_key_mask,
+            real_blocks=real_blocks,
+            token_keys=F.pad(attention_mask, (0, n * b - seq_len))
+            if attention_mask is not None
+            else ((torch.arange(n * b, device=device) < seq_len).expand(batch_size, -1)),
+            global_prefix_length=global_prefix_length,
         )
 
 
@@ -486,6 +509,143 @@ def unpack_sliding_window_attention(
     if need_weights:
         weights = torch.cat(all_weights).view(batch, n, heads, b, w).transpose(1, 2)
     return context, weights
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The fused kernel: USWAttn as one FlexAttention call
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+# "posformers_fused" and "flex_attention" both run it. The block mask lists, per query block, its pack blocks and its
+# window blocks at LittleBird's own block size, and the BiALiBi bias is computed per (query, key) pair in a score_mod
+# from the slopes, so that neither a (B, H, L, w) bias nor scores outlive the kernel; gradients reach alpha, beta and
+# gamma through FlexAttention's support for tensors captured by a score_mod.
+FUSED_IMPLEMENTATIONS = ("posformers_fused", "flex_attention")
+# FlexAttention has a backward only where torch generates its kernels with Triton; on CPU (torch 2.13) it has a
+# forward only, so a training pass there runs `LeanUnpackSlidingWindow` instead.
+FLEX_BACKWARD_DEVICES = ("cuda", "xpu", "hpu")
+
+
+# Copied from posformers.deberta.modeling_deberta.flex_attention_available
+def flex_attention_available() -> bool:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Copied from posformers.deberta.modeling_deberta.compiled_flex_attention
+@functools.cache
+def compiled_flex_attention(device_type: str) -> Callable[..., torch.Tensor]:
+    """flex_attention compiled once per process and device type (uncompiled it runs a dense reference
+    implementation). On CPU with static shapes: inductor's CPU template fails to build the kernel once a new length
+    makes the shapes dynamic (torch 2.13: undeclared `cur_qSplitSize` in the generated C++), so each length compiles
+    its own; elsewhere shapes turn dynamic after the first new length, as torch.compile does by default."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False if device_type == "cpu" else None)
+
+
+# Copied from posformers.deberta.modeling_deberta.flex_attention_kernel
+def flex_attention_kernel(device_type: str) -> Callable[..., torch.Tensor]:
+    """The compiled kernel, or the plain function inside a graph that is being compiled (it compiles with it)."""
+    if is_torchdynamo_compiling():
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention
+    return compiled_flex_attention(device_type)
+
+
+def listed_key_blocks(flags: torch.Tensor, candidates: torch.Tensor, num_key_blocks: int):
+    """Block lists in BlockMask's format: flags, candidates (B, n, c) whether / which key block each query block
+    reads -> counts (B, 1, n) int32 and indices (B, 1, n, num_key_blocks) int32, the flagged candidates first."""
+    order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)
+    indices = candidates.gather(-1, order)[..., :num_key_blocks]
+    indices = F.pad(indices, (0, num_key_blocks - indices.shape[-1]))
+    return flags.sum(-1, dtype=torch.int32)[:, None], indices.to(torch.int32)[:, None]
+
+
+def unpack_sliding_window_block_mask(layout: BlockSparseLayout):
+    """USWAttn's FlexAttention BlockMask, over queries padded to `n * b` and keys laid out as `_key_rows` stacks them
+    (pack keys padded to `np * b`, then the tokens padded to `n * b`), at LittleBird's block size `b`: each query block
+    reads its `np` pack blocks and those of its 4 window blocks (`window_key_blocks`) that hold a real key, in full
+    where every key of the block is real, masked per key otherwise. Built from (B, n, np + 4) block lists: its size is
+    O(B n (np + n)) block flags, never (L x L). The mask_mod alone is the whole pattern too (real key, and a pack key
+    or one in the query block's window), as FlexAttention's uncompiled reference reads it instead of the lists."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    b, n, pack_blocks = layout.block_size, layout.num_blocks, layout.pack_blocks
+    batch, device = layout.token_keys.shape[0], layout.token_keys.device
+    pack_keys = (torch.arange(pack_blocks * b, device=device) < layout.pack_length).expand(batch, -1)
+    real_keys = torch.cat((pack_keys, layout.token_keys), dim=-1)  # (B, (np + n) b)
+    per_block = real_keys.view(batch, pack_blocks + n, b)
+    pack_candidates = torch.arange(pack_blocks, device=device).expand(batch, n, -1)
+    window_blocks = window_key_blocks(layout.real_blocks, n)  # (B, n, 4), may point past n
+    candidates = torch.cat((pack_candidates, pack_blocks + window_blocks.clamp_max(n - 1)), dim=-1)  # (B, n, np + 4)
+    in_range = torch.cat((torch.ones_like(pack_candidates, dtype=torch.bool), window_blocks < n), dim=-1)
+    any_real = per_block.any(-1).gather(1, candidates.flatten(1)).view(candidates.shape) & in_range
+    all_real = per_block.all(-1).gather(1, candidates.flatten(1)).view(candidates.shape) & in_range
+
+    window_centers = window_blocks[..., 2].contiguous()  # (B, n): block 0 and the 3 blocks around it
+    pack_rows = pack_blocks * b
+
+    def mask_mod(batch_idx, head_idx, q_idx, kv_idx):
+        key_block = (kv_idx - pack_rows) // b
+        in_window = (key_block == 0) | ((key_block - window_centers[batch_idx, q_idx // b]).abs() <= 1)
+        return real_keys[batch_idx, kv_idx] & ((kv_idx < pack_rows) | in_window)
+
+    num_key_blocks = pack_blocks + n
+    return BlockMask.from_kv_blocks(
+        *listed_key_blocks(any_real & ~all_real, candidates, num_key_blocks),
+        *listed_key_blocks(all_real, candidates, num_key_blocks),
+        BLOCK_SIZE=b,
+        mask_mod=mask_mod,
+        seq_lengths=(n * b, num_key_blocks * b),
+    )
+
+
+def bialibi_score_mod(alpha: torch.Tensor, beta: torch.Tensor, gamma: torch.Tensor, layout: BlockSparseLayout):
+    """The BiALiBi bias as a FlexAttention score_mod over `unpack_sliding_window_block_mask`'s key layout: minus
+    `(beta + gamma) / 2 * b` on pack keys [paper: D_p], minus `bialibi_coefficients @ bialibi_distances` on token keys.
+    alpha, beta, gamma: (H,), read by head inside the kernel (their gradients flow through it)."""
+    pack_rows, half_block = layout.pack_blocks * layout.block_size, layout.block_size / 2
+    global_prefix_length = layout.global_prefix_length
+
+    def score_mod(score, batch_idx, head_idx, q_idx, kv_idx):
+        after, before, touches_cls = bialibi_channels(q_idx, kv_idx - pack_rows, global_prefix_length)
+        slope_alpha, slope_beta, slope_gamma = alpha[head_idx], beta[head_idx], gamma[head_idx]
+        window_bias = slope_beta * after + slope_gamma * before + torch.where(touches_cls, slope_alpha, 0.0)
+        return score - torch.where(kv_idx < pack_rows, (slope_beta + slope_gamma) * half_block, window_bias)
+
+    return score_mod
+
+
+def fused_unpack_sliding_window_attention(
+    query, key, value, pack_key, pack_value, alpha, beta, gamma, layout: BlockSparseLayout, scaling: float
+) -> torch.Tensor:
+    """USWAttn (`unpack_sliding_window_attention`, without dropout or weights) in one FlexAttention kernel, forward and
+    backward: what it keeps for backward is O(L d) (q, the key and value rows, the context and the logsumexp).
+
+    query, key, value: (B, L, H, d_h); pack_key, pack_value: (B, s, H, d_h); alpha, beta, gamma: (H,).
+    Returns the context (B, L, H, d_h).
+    """
+    batch, seq_len, heads, head_dim = query.shape
+    rows = (layout.pack_blocks + layout.num_blocks) * layout.block_size
+    query = F.pad(query, (0, 0, 0, 0, 0, layout.num_blocks * layout.block_size - seq_len)).transpose(1, 2)
+    key_rows = _key_rows(pack_key, key, layout).view(batch, rows, heads, head_dim).transpose(1, 2)
+    value_rows = _key_rows(pack_value, value, layout).view(batch, rows, heads, head_dim).transpose(1, 2)
+    if "block_mask" not in layout.kernel_cache:
+        layout.kernel_cache["block_mask"] = unpack_sliding_window_block_mask(layout)
+    context = flex_attention_kernel(query.device.type)(
+        query,
+        key_rows,
+        value_rows,
+        score_mod=bialibi_score_mod(alpha, beta, gamma, layout),
+        block_mask=layout.kernel_cache["block_mask"],
+        scale=scaling,
+    )
+    return context.transpose(1, 2)[:, :seq_len]  # (B, L, H, d_h)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -931,6 +1091,7 @@ class LittleBirdSelfAttention(nn.Module):
 
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
+        self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
@@ -960,21 +1121,41 @@ class LittleBirdSelfAttention(nn.Module):
         def heads(states):
             return states.view(*states.shape[:2], self.num_heads, self.head_dim)
 
-        context, weights = unpack_sliding_window_attention(
+        pieces = (
             heads(query),
             heads(key),
             heads(value),
             heads(self.key(pack_context)),
             heads(self.value(pack_context)),
-            self.alpha,
-            self.beta,
-            self.gamma,
+        )
+        slopes = (self.alpha, self.beta, self.gamma)
+        fused = not output_attentions and self.config._attn_implementation in FUSED_IMPLEMENTATIONS
+        if fused and self.fused_kernel_runs(pieces[0]):
+            context = fused_unpack_sliding_window_attention(*pieces, *slopes, layout, self.scaling)
+            return context.reshape(query.shape), None
+        context, weights = unpack_sliding_window_attention(
+            *pieces,
+            *slopes,
             layout,
             scaling=self.scaling,
             dropout=self.attention_dropout if self.training else 0.0,
             need_weights=output_attentions,
         )
         return context.reshape(query.shape), weights
+
+    def fused_kernel_runs(self, query: torch.Tensor) -> bool:
+        """Whether the fused kernel can run this pass (else the block-sparse products run, noted once per reason): it
+        has no attention dropout, and trains only where FlexAttention has a backward (`FLEX_BACKWARD_DEVICES`). The
+        weights (output_attentions) come from the explicit products."""
+        building_graph = torch.is_grad_enabled() and (query.requires_grad or self.alpha.requires_grad)
+        if self.training and self.attention_dropout > 0:
+            reason = "attention dropout (set attention_probs_dropout_prob=0 to train with the fused kernel)"
+        elif building_graph and query.device.type not in FLEX_BACKWARD_DEVICES:
+            reason = f"a backward pass on {query.device.type} (FlexAttention has a backward on {FLEX_BACKWARD_DEVICES})"
+        else:
+            return True
+        logger.warning_once(f"The fused LittleBird attention runs the block-sparse products for {reason}.")
+        return False
 
 
 # The output projection exists so that a BERT/RoBERTa self-attention maps onto USWAttn one to one [choice].
@@ -1202,6 +1383,7 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
     base_model_prefix = "littlebird"
     supports_gradient_checkpointing = True
     _no_split_modules = ["LittleBirdLayer"]
+    _supports_flex_attn = True
     # Flattened batches (transformers' DataCollatorWithFlattening) run as they are: the attention is per sequence in
     # every packed pass, so each flattened sequence gets its own blocks, BiALiBi positions and pack states.
     accepts_flattened_batches = True
@@ -1224,6 +1406,27 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
             raise problem from None
         check_loaded_dtypes(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path, kwargs)
         return loaded
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        # transformers guesses from the module's source whether attention reads `config._attn_implementation` on every
+        # pass; LittleBirdSelfAttention.attend does, so switching kernels is allowed.
+        return True
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """transformers' choice ("eager": the block-sparse products), plus "posformers_fused" (the FlexAttention
+        kernel, `fused_unpack_sliding_window_attention`; "flex_attention" runs it too), which is also the default
+        where CUDA is available."""
+        if requested_attention is None and torch.cuda.is_available() and flex_attention_available():
+            requested_attention = "posformers_fused"
+        if requested_attention == "posformers_fused":
+            if not flex_attention_available():
+                raise ValueError(
+                    f"attn_implementation='posformers_fused' needs torch.nn.attention.flex_attention (torch >= 2.5); "
+                    f"this torch is {torch.__version__}"
+                )
+            return requested_attention
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     @torch.no_grad()
     def _init_weights(self, module):
