@@ -2,17 +2,19 @@
 
 Valid configs are drawn over every option the config exposes (sizes, heads, head dimensions, rotary dimension or
 fraction, layout, theta, every rope_scaling type and its keys, v2 norm and bias, linear attention, rotary values,
-factorised embeddings, token types, pooler) at tiny sizes, and run on random right-padded batches (rows of length 1
-to beyond max_position_embeddings, fully padded rows, extra padding columns, token types, position_ids,
-inputs_embeds). The reference is always something else than the code under test's own output: each sequence run
-alone without padding, or the same positions shifted (rotary attention sees only relative positions).
+factorised embeddings, token types, pooler, decoder and bidirectional_prompt) at tiny sizes, and run on random
+right-padded batches (rows of length 1 to beyond max_position_embeddings, fully padded rows, extra padding columns,
+token types, position_ids, inputs_embeds, flattened batches). The reference is never the tested path's own output:
+each sequence run alone without padding, the same positions shifted (rotary attention sees only relative positions),
+the padded path's gradients, or one pass over what a cache continues.
 
 Invalid configs and inputs change one field or argument of a valid draw and must raise a ValueError or TypeError
 naming it.
 
-Tolerance: float32 throughout; backends and packing only reorder sums (at most 64 terms here) and LayerNorm/RMS norm
-may amplify by the inverse of a small standard deviation, so real tokens agree to ~1e-5 and TOLERANCE = 1e-4 leaves
-room; a wrong mask, position or rotation moves outputs by O(0.1), far above it.
+Tolerance: float32 throughout; backends and packing only reorder sums and LayerNorm/RMS norm may amplify by the
+inverse of a small standard deviation. Measured over every example: at most 4e-6 between backends and paths, 1.1e-5
+with positions shifted by up to 300 (float32 cos/sin of larger angles), 8.5e-6 of a gradient's largest entry.
+TOLERANCE = 1e-4 leaves a 9x margin; a wrong mask, position or rotation moves outputs by O(0.1).
 """
 
 import math
@@ -20,6 +22,7 @@ import warnings
 
 import pytest
 import torch
+from helpers.modeling import flattened
 from helpers.properties import examples, one_thread  # noqa: F401 (one_thread: an autouse fixture)
 from hypothesis import given
 from hypothesis import strategies as st
@@ -143,10 +146,11 @@ def row(batch: dict, index: int, length: int) -> dict:
     return {key: value[index : index + 1, :length] for key, value in batch.items() if key != "attention_mask"}
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, scale: float = 1.0) -> None:
+    """At most TOLERANCE apart, times `scale` for quantities larger than the O(1) normalised states."""
     assert actual.shape == expected.shape, what
     diff = (actual - expected).abs().max().item() if actual.numel() else 0.0
-    assert diff <= TOLERANCE, f"{what}: max abs diff {diff}"
+    assert diff <= TOLERANCE * scale, f"{what}: max abs diff {diff}"
 
 
 def dynamic_scaling(fields: dict) -> bool:
@@ -164,12 +168,24 @@ def encoder_cases(draw):
     return fields, draw(batches(fields))
 
 
+def flattened_batch(batch: dict, cu_seq_lens: bool) -> dict:
+    """The real tokens of a right-padded batch as transformers' DataCollatorWithFlattening lays them out (one row,
+    position_ids restarting at 0 per sequence, with cu_seq_lens_q/k and max_length_q/k when `cu_seq_lens`), token
+    types alongside."""
+    mask = batch["attention_mask"].bool()
+    flat = flattened([ids[real].tolist() for ids, real in zip(batch["input_ids"], mask) if real.any()], cu_seq_lens)
+    if "token_type_ids" in batch:
+        flat["token_type_ids"] = batch["token_type_ids"][mask][None]
+    return flat
+
+
 @examples(250)
-@given(case=encoder_cases())
-def test_padded_batch_equals_each_sequence_alone_on_every_backend(case):
-    """eager and sdpa, padded and padding-free, give every real token what its sequence alone gives, and nothing is
-    NaN or inf, fully padded rows included. With dynamic NTK scaling the frequencies depend on the longest sequence
-    of the batch (as in transformers), so there the reference is the batch without extra padding columns."""
+@given(case=encoder_cases(), cu_seq_lens=st.booleans())
+def test_padded_batch_equals_each_sequence_alone_on_every_backend(case, cu_seq_lens):
+    """eager and sdpa, padded, padding-free and flattened (DataCollatorWithFlattening), give every real token what
+    its sequence alone gives, and nothing is NaN or inf, fully padded rows included. With dynamic NTK scaling the
+    frequencies depend on the longest sequence of the batch (as in transformers), so there the reference is the batch
+    without extra padding columns."""
     fields, batch = case
     model = build(fields)
     lengths = batch["attention_mask"].sum(-1).tolist()
@@ -198,6 +214,13 @@ def test_padded_batch_equals_each_sequence_alone_on_every_backend(case):
                 for i, n in enumerate(lengths):
                     if n and expected_pooled[i] is not None:
                         assert_close(output.pooler_output[i], expected_pooled[i], f"{what}, pooler row {i}")
+        flat = run(model, implementation, "auto", **flattened_batch(batch, cu_seq_lens))
+        real = [i for i, n in enumerate(lengths) if n]
+        for sequence, tokens in zip(real, flat.last_hidden_state[0].split([lengths[i] for i in real])):
+            assert_close(tokens, expected[sequence], f"{implementation}, flattened, sequence {sequence}")
+            if fields["add_pooling_layer"]:
+                pooled = flat.pooler_output[real.index(sequence)]
+                assert_close(pooled, expected_pooled[sequence], f"{implementation}, flattened, pooler {sequence}")
 
 
 @st.composite
@@ -224,6 +247,36 @@ def test_flex_attention_equals_eager(case):
         output = run(model, "flex_attention", unpad_inputs, **batch).last_hidden_state
         assert torch.isfinite(output[mask]).all(), unpad_inputs
         assert_close(output[mask], expected[mask], f"flex_attention, unpad_inputs={unpad_inputs}")
+
+
+def real_token_gradients(model, batch: dict, unpad_inputs: str) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient of a fixed random projection of the real tokens' final states (training mode)."""
+    model.train()
+    model.config.unpad_inputs = unpad_inputs
+    model.zero_grad()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        states = model(**batch).last_hidden_state
+    weights = torch.randn(states.shape, generator=torch.Generator().manual_seed(0))
+    (states * weights)[batch["attention_mask"].bool()].sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@examples(60)
+@given(case=encoder_cases())
+def test_padding_free_training_gives_the_padded_gradients(case):
+    """A training step's gradients, every parameter's, are finite and the same padded and padding-free (padding must
+    contribute nothing to any gradient). Gradients sum over tokens, so the tolerance is relative to each one's
+    largest entry."""
+    fields, batch = case
+    model = build(fields)
+    model.set_attn_implementation("sdpa")
+    padded = real_token_gradients(model, batch, "never")
+    packed = real_token_gradients(model, batch, "always")
+    assert padded.keys() == packed.keys()
+    for name, gradient in padded.items():
+        assert torch.isfinite(gradient).all(), name
+        assert_close(packed[name], gradient, f"gradient of {name}", scale=max(1.0, gradient.abs().max().item()))
 
 
 @st.composite
