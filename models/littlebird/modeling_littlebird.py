@@ -1490,16 +1490,18 @@ def _check_index_ranges(checks) -> None:
             raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
 
 
+# Copied from posformers.roformer.modeling_roformer._check_input_types
 def _check_input_types(inputs: dict, dtype: torch.dtype) -> None:
-    """Every given input is a tensor; ids (input_ids, token_type_ids) are torch.long or torch.int, what nn.Embedding
-    takes; inputs_embeds have the model's dtype `dtype` (any floating dtype under autocast, which casts them)."""
+    """Every given input (`inputs`: the forward arguments by name) is a tensor; ids (input_ids, token_type_ids,
+    position_ids) are torch.long or torch.int, what embeddings and the rotary tables index with; inputs_embeds have
+    the model's dtype `dtype` (any floating dtype under autocast, which casts them)."""
     for name, tensor in inputs.items():
         if tensor is not None and not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    for name in ("input_ids", "token_type_ids"):
+    for name in ("input_ids", "token_type_ids", "position_ids"):
         ids = inputs[name]
         if ids is not None and ids.dtype not in (torch.long, torch.int):
-            raise TypeError(f"{name} must hold integer ids (torch.long or torch.int), got {ids.dtype}")
+            raise TypeError(f"{name} must hold integers (torch.long or torch.int), got {ids.dtype}")
     embeds = inputs["inputs_embeds"]
     autocast = embeds is not None and embeds.is_floating_point() and torch.is_autocast_enabled(embeds.device.type)
     if embeds is not None and embeds.dtype != dtype and not autocast:

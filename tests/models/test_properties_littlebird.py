@@ -16,8 +16,9 @@ where logits are large (1e-15 at 0.02). `TOL` = 1e-9 leaves 2500x headroom and i
 mix-up (a wrong block, bias or mask moves outputs by O(0.1)). In float32 the same comparison needs ~1e-4 at
 initializer_range 0.5 (1e-6 at 0.02): roundoff in logits of that size, which would hide less than float64 does.
 
-Examples per run (derandomized, so CI draws the same ones every time): `EXAMPLES` below (the "padding" count serves
-two tests), 640 in all: 390 valid, 250 invalid.
+Examples per run (derandomized, so CI draws the same ones every time; settings from tests/helpers/properties.py,
+POSFORMERS_HYPOTHESIS_SCALE multiplies them): `EXAMPLES` below (the "padding" count serves two tests), 640 in all: 390
+valid, 250 invalid.
 """
 
 import math
@@ -26,7 +27,8 @@ from unittest import mock
 import pytest
 import torch
 from helpers.modeling import max_diff, tiny_config
-from hypothesis import HealthCheck, Phase, given, settings
+from helpers.properties import examples, one_thread  # noqa: F401 (one_thread: an autouse fixture)
+from hypothesis import given
 from hypothesis import strategies as st
 from transformers.activations import ACT2FN
 
@@ -45,17 +47,6 @@ from posformers.littlebird.configuration_littlebird import QA_HEADS, UNPAD_MODES
 TOL = 1e-9
 DTYPES = (torch.float32, torch.float64)
 
-# deadline=None: a first example builds torch's kernels and is much slower than the rest. derandomize: CI draws the
-# same examples on every run (a failure reproduces), and no example database is written into the checkout. No shrink
-# phase: shrinking a failure of these tests took over 5 minutes; the failing example is reported as drawn (add
-# Phase.shrink to `phases` to shrink one while debugging).
-BASE_SETTINGS = settings(
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 EXAMPLES = {
     "paths": 120,
     "padding": 60,
@@ -65,20 +56,6 @@ EXAMPLES = {
     "invalid_config": 150,
     "invalid_input": 100,
 }
-
-
-def examples(name: str) -> settings:
-    return settings(BASE_SETTINGS, max_examples=EXAMPLES[name])
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tensors this small gain nothing from a second thread, and on a loaded machine the threads' barriers make each
-    forward pass ~1 s instead of ~5 ms."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 ACTIVATIONS = ("gelu", "relu", "gelu_new", "silu", "tanh", "quick_gelu", "mish", "gelu_pytorch_tanh")
@@ -212,7 +189,7 @@ def assert_same_at_real_tokens(actual, expected, mask: torch.Tensor, label: str)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@examples("paths")
+@examples(EXAMPLES["paths"])
 @given(fields=valid_fields(), seed=st.integers(0, 2**16), data=st.data())
 def test_every_path_gives_the_same_finite_outputs(fields, seed, data):
     """Padded path (the reference), padding-free path, explicit products (output_attentions), the training kernel
@@ -253,7 +230,7 @@ def test_every_path_gives_the_same_finite_outputs(fields, seed, data):
         assert diff <= TOL, f"padding-free: hidden_states[{layer}] differ by {diff}"
 
 
-@examples("gradients")
+@examples(EXAMPLES["gradients"])
 @given(fields=valid_fields(), seed=st.integers(0, 2**16), data=st.data())
 def test_every_path_gives_the_same_gradients(fields, seed, data):
     """The training kernel's hand-written backward (`LeanUnpackSlidingWindow`), padded and padding-free, against
@@ -284,7 +261,7 @@ def test_every_path_gives_the_same_gradients(fields, seed, data):
             assert diff <= TOL * (1 + grad.abs().max().item()), f"{label}: gradient of {name} differs by {diff}"
 
 
-@examples("padding")
+@examples(EXAMPLES["padding"])
 @given(fields=valid_fields(), seed=st.integers(0, 2**16), extra=st.integers(1, 12), data=st.data())
 def test_outputs_at_real_tokens_do_not_depend_on_padding_or_other_rows(fields, seed, extra, data):
     """More right padding, or each row run alone without padding, leaves the outputs at real tokens unchanged."""
@@ -318,7 +295,7 @@ def test_outputs_at_real_tokens_do_not_depend_on_padding_or_other_rows(fields, s
             assert diff <= TOL, f"row {row} alone: pack_states differ by {diff}"
 
 
-@examples("padding")
+@examples(EXAMPLES["padding"])
 @given(fields=valid_fields(), seed=st.integers(0, 2**16), data=st.data())
 def test_padding_between_real_tokens_is_finite_on_every_padded_path(fields, seed, data):
     """Padding Insertion (padding after a real first token, between real ones) runs padded in every mode but "always",
@@ -344,7 +321,7 @@ def test_padding_between_real_tokens_is_finite_on_every_padded_path(fields, seed
             run(model, batch, "always")
 
 
-@examples("flattened")
+@examples(EXAMPLES["flattened"])
 @given(
     fields=valid_fields(),
     seed=st.integers(0, 2**16),
@@ -424,7 +401,7 @@ def head_labels(head: str, config: LittleBirdConfig, batch: dict, generator: tor
     return {"labels": torch.randint(0, 2, (rows,), generator=generator)}
 
 
-@examples("training")
+@examples(EXAMPLES["training"])
 @given(
     fields=valid_fields(),
     seed=st.integers(0, 2**16),
@@ -543,7 +520,7 @@ def bad_fields(fields: dict) -> dict:
     return table
 
 
-@examples("invalid_config")
+@examples(EXAMPLES["invalid_config"])
 @given(fields=valid_fields(), data=st.data())
 def test_an_invalid_field_is_refused_naming_it(fields, data):
     """One field of a valid config made invalid (wrong type, out of range, inconsistent with another field): a
@@ -626,8 +603,11 @@ def corruptions(config: LittleBirdConfig, batch: dict) -> dict:
         ),
         "ids of a floating or bool dtype": (
             lambda v, batch: {**batch, v[0]: ids.to(v[1])},
-            st.tuples(st.sampled_from(["input_ids", "token_type_ids"]), st.sampled_from([torch.float32, torch.bool])),
-            "(input_ids|token_type_ids) must hold integer ids",
+            st.tuples(
+                st.sampled_from(["input_ids", "token_type_ids", "position_ids"]),
+                st.sampled_from([torch.float32, torch.bool]),
+            ),
+            "(input_ids|token_type_ids|position_ids) must hold integers",
         ),
         "a list instead of a tensor": (
             lambda v, batch: {**batch, v: ids.tolist()},
@@ -690,7 +670,7 @@ def corruptions(config: LittleBirdConfig, batch: dict) -> dict:
     return table
 
 
-@examples("invalid_input")
+@examples(EXAMPLES["invalid_input"])
 @given(fields=valid_fields(), seed=st.integers(0, 2**16), data=st.data())
 def test_an_invalid_input_is_refused_naming_it(fields, seed, data):
     """One argument of a valid forward call made invalid: a ValueError or TypeError naming it."""
@@ -748,8 +728,8 @@ IDS = torch.ones(2, 5, dtype=torch.long)
         ({"input_ids": IDS.tolist()}, TypeError, "input_ids must be a torch.Tensor, got list"),
         ({"input_ids": IDS, "attention_mask": IDS.tolist()}, TypeError, "attention_mask must be a torch.Tensor"),
         # torch's "Expected tensor for argument #1 'indices' to have one of the following scalar types"
-        ({"input_ids": IDS.float()}, TypeError, r"input_ids must hold integer ids \(torch.long or torch.int\)"),
-        ({"input_ids": IDS, "token_type_ids": IDS.bool()}, TypeError, "token_type_ids must hold integer ids"),
+        ({"input_ids": IDS.float()}, TypeError, r"input_ids must hold integers \(torch.long or torch.int\)"),
+        ({"input_ids": IDS, "token_type_ids": IDS.bool()}, TypeError, "token_type_ids must hold integers"),
         # "mixed dtype (CPU): all inputs must share same datatype", and integer embeddings were taken as they were
         ({"inputs_embeds": torch.zeros(2, 5, 32, dtype=torch.float64)}, TypeError, "inputs_embeds must have the model"),
         ({"inputs_embeds": torch.zeros(2, 5, 32, dtype=torch.long)}, TypeError, "inputs_embeds must have the model"),
