@@ -1,0 +1,197 @@
+"""LittleBird's fused USWAttn (`attn_implementation="posformers_fused"`: FlexAttention with a block mask of each query
+block's pack and window blocks and the BiALiBi bias in a score_mod over the learnable slopes) against the block-sparse
+products ("eager"), forward and gradients, padded and packed.
+
+Every test runs on CPU and, where torch sees a CUDA device, on CUDA too. On CPU the inference test runs the compiled
+FlexAttention kernel. torch 2.13 has no FlexAttention backward on CPU (the model trains there with the block-sparse
+products), so on CPU the gradient tests lift that refusal and run FlexAttention uncompiled: its own autograd (the same
+score_mod, mask_mod and gradients into the captured slopes) on its dense reference implementation. On CUDA they run the
+compiled kernels, forward and backward.
+
+One batch covers every case: a row of 5 blocks of 16 tokens, right-padded rows of 2 blocks and of 1 block, and a row
+with padding inside it (Padding Insertion) spanning 3 blocks; the global prefix is 3 tokens long.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.attention.flex_attention as torch_flex
+from helpers.modeling import max_diff, tiny_config
+
+from posformers.littlebird import LittleBirdConfig, LittleBirdModel
+from posformers.littlebird import modeling_littlebird as littlebird
+
+pytestmark = pytest.mark.slow  # the inference test compiles FlexAttention through inductor on CPU (~10-20 s)
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")),
+]
+# Blocks of 16 (FlexAttention's CUDA kernels need tiles of at least 16), 3 pack states, a 3-token global prefix.
+BLOCK_SIZE, SEQ_LEN = 16, 75
+
+
+def config(**overrides) -> LittleBirdConfig:
+    return tiny_config(LittleBirdConfig, block_size=BLOCK_SIZE, pack_length=3, global_prefix_length=3, **overrides)
+
+
+def batch(device: str, layout: str = "padded") -> dict[str, torch.Tensor]:
+    """Rows of 5 blocks (75 tokens), 2 blocks (29), 1 block (11) and 3 blocks with 5 padded keys inside (40); the
+    last row only in the padded layout (padding inside a row rules packing out)."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(1, 99, (4, SEQ_LEN), generator=generator)
+    attention_mask = torch.ones(4, SEQ_LEN, dtype=torch.long)
+    for row, length in ((1, 29), (2, 11), (3, 40)):
+        attention_mask[row, length:] = 0
+    attention_mask[3, 18:23] = 0
+    input_ids = input_ids.masked_fill(attention_mask == 0, 0)
+    rows = 4 if layout == "padded" else 3
+    return {"input_ids": input_ids[:rows].to(device), "attention_mask": attention_mask[:rows].to(device)}
+
+
+@pytest.fixture
+def flex_trains(monkeypatch, device):
+    """On CPU, FlexAttention's autograd in its reference mode (see the module docstring); on CUDA, nothing to do."""
+    if device == "cpu":
+        monkeypatch.setattr(torch_flex, "_validate_device", lambda *tensors: None)
+        monkeypatch.setattr(littlebird, "FLEX_BACKWARD_DEVICES", ("cpu",))
+        monkeypatch.setattr(littlebird, "compiled_flex_attention", lambda device_type: torch_flex.flex_attention)
+
+
+def block_sparse_refused(monkeypatch):
+    """From here on, running the block-sparse products fails: what passes ran the fused kernel."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the block-sparse products ran")
+
+    monkeypatch.setattr(littlebird, "unpack_sliding_window_attention", refuse)
+
+
+def with_implementation(model, implementation: str, layout: str):
+    model.set_attn_implementation(implementation)
+    model.config.unpad_inputs = "always" if layout == "packed" else "never"
+    return model
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+def forward_backward(model, inputs: dict, implementation: str, layout: str, dtype=torch.float32):
+    """Token states at real tokens and the gradients of every parameter and of the input embeddings, for a loss that
+    weighs each output feature differently (a plain sum would cancel in the LayerNorms)."""
+    model.zero_grad()
+    with_implementation(model, implementation, layout)
+    embeddings = model.embeddings.word_embeddings(inputs["input_ids"]).detach().requires_grad_()
+    output = model(inputs_embeds=embeddings, attention_mask=inputs["attention_mask"]).last_hidden_state
+    real = inputs["attention_mask"].bool()
+    weights = torch.linspace(-1.0, 1.0, output.shape[-1], device=output.device, dtype=dtype)
+    (output[real] * weights).sum(-1).mean().backward()
+    grads = {name: p.grad.detach().float() for name, p in model.named_parameters() if p.grad is not None}
+    grads["inputs_embeds"] = embeddings.grad.float()
+    return output.detach()[real].float(), grads
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_fused_inference_equals_eager(device, monkeypatch):
+    """The compiled kernel (on CPU too) against the block-sparse products, at every token of the batch: real ones and
+    padding alike (both reuse an example's last window for the query blocks past its real blocks)."""
+    torch.manual_seed(0)
+    model = LittleBirdModel(config()).to(device).eval()
+    inputs = batch(device)
+    with torch.no_grad():
+        expected = with_implementation(model, "eager", "padded")(**inputs).last_hidden_state
+        block_sparse_refused(monkeypatch)
+        actual = with_implementation(model, "posformers_fused", "padded")(**inputs).last_hidden_state
+    assert max_diff(actual, expected) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_fused_gradients_equal_eager(layout, device, flex_trains, monkeypatch):
+    """Token states and the gradients of every parameter (the BiALiBi slopes alpha, beta, gamma of every layer
+    included) and of the input embeddings within 1e-5 of the block-sparse products' (relative to each tensor's
+    largest entry), padded and padding-free."""
+    torch.manual_seed(0)
+    model = LittleBirdModel(config()).to(device).train()
+    inputs = batch(device, layout)
+    expected_states, expected = forward_backward(model, inputs, "eager", "padded")
+    block_sparse_refused(monkeypatch)
+    states, actual = forward_backward(model, inputs, "posformers_fused", layout)
+    assert max_diff(states, expected_states) <= 1e-5
+    assert actual.keys() == expected.keys()
+    assert {"encoder.layer.1.attention.self.alpha", "encoder.layer.1.attention.self.gamma"} <= expected.keys()
+    for name in expected:
+        assert max_diff(actual[name], expected[name]) <= 1e-5 * max(1.0, expected[name].abs().max().item()), name
+    assert expected["encoder.layer.0.attention.self.beta"].abs().max() > 0  # the slopes' comparison is not 0 == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_bfloat16_within_one_percent_of_eager(device, flex_trains, monkeypatch):
+    """In bfloat16, token states, each slope's gradient and the whole gradient (every parameter's and the input
+    embeddings', as one vector) within 1% (relative, in norm) of the block-sparse products' in bfloat16."""
+    torch.manual_seed(0)
+    model = LittleBirdModel(config()).to(device).train().to(torch.bfloat16)
+    inputs = batch(device)
+    expected_states, expected = forward_backward(model, inputs, "eager", "padded", torch.bfloat16)
+    block_sparse_refused(monkeypatch)
+    states, actual = forward_backward(model, inputs, "posformers_fused", "padded", torch.bfloat16)
+    assert relative_error(states, expected_states) <= 1e-2
+    everything = [torch.cat([grads[name].flatten() for name in expected]) for grads in (actual, expected)]
+    assert relative_error(*everything) <= 1e-2
+    slopes = [name for name in expected if name.rsplit(".", 1)[-1] in ("alpha", "beta", "gamma")]
+    assert len(slopes) == 6
+    for name in slopes:
+        assert relative_error(actual[name], expected[name]) <= 1e-2, name
+
+
+def test_block_mask_attends_the_keys_of_the_layout():
+    """The block mask (its block lists and mask_mod together) lets each query attend exactly the keys the block-sparse
+    layout leaves unmasked: its pack keys and the real keys of its 4 window blocks; and the mask_mod alone (what
+    FlexAttention's uncompiled reference reads) is the same pattern."""
+    inputs = batch("cpu")
+    batch_size, b = inputs["attention_mask"].shape[0], BLOCK_SIZE
+    layout = littlebird.BlockSparseLayout.build(
+        inputs["attention_mask"], batch_size, SEQ_LEN, b, 3, torch.float32, torch.device("cpu"), 3
+    )
+    n, rows = layout.num_blocks, (layout.pack_blocks + layout.num_blocks) * b
+    # the layout: (B n, w) key rows of each query block, masked where the fourth bias channel is 1
+    unmasked = layout.bias_features[:, 3].view(batch_size * n, b, -1) == 0  # (B n, b, w)
+    key_rows = (layout.key_index - layout.key_index[:, :1])[:, None, :].expand_as(unmasked)
+    expected = torch.zeros(batch_size * n, b, rows, dtype=torch.bool)
+    expected.scatter_(-1, key_rows, unmasked)
+    expected = expected.view(batch_size, n * b, rows)
+
+    block_mask = littlebird.unpack_sliding_window_block_mask(layout)
+    blocks = block_mask.to_dense()[:, 0].bool()  # (B, n, np + n): key blocks listed, partial or full
+    listed = blocks.repeat_interleave(b, 1).repeat_interleave(b, 2)
+    by_mask_mod = torch_flex.create_mask(block_mask.mask_mod, batch_size, 1, n * b, rows, device="cpu")[:, 0]
+    assert torch.equal(by_mask_mod, expected)
+    assert torch.equal(listed & by_mask_mod, expected)
+    # every listed block holds an attended key: no block is read for nothing
+    assert torch.equal(blocks, expected.view(batch_size, n, b, -1, b).any(2).any(-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_default_and_fallbacks(device, caplog):
+    """The default is "posformers_fused" where CUDA is available, "eager" elsewhere; "flex_attention" runs the fused
+    kernel too; passes it cannot run (weights asked for, attention dropout in training, a backward on CPU) run the
+    block-sparse products, with the same outputs."""
+    torch.manual_seed(0)
+    model = LittleBirdModel(config())
+    assert model.config._attn_implementation == ("posformers_fused" if torch.cuda.is_available() else "eager")
+    model = model.to(device).eval()
+    inputs = batch(device)
+    with torch.no_grad():
+        expected = with_implementation(model, "eager", "padded")(**inputs, output_attentions=True)
+        actual = with_implementation(model, "flex_attention", "padded")(**inputs, output_attentions=True)
+    assert model.config._attn_implementation == "flex_attention"
+    assert all(torch.equal(a, e) for a, e in zip(actual.attentions, expected.attentions, strict=True))
+    attention = model.encoder.layer[0].attention.self
+    if device == "cpu":
+        assert not attention.fused_kernel_runs(torch.zeros(1, requires_grad=True))
+    dropout = LittleBirdModel(config(attention_probs_dropout_prob=0.1)).to(device).train()
+    assert not dropout.encoder.layer[0].attention.self.fused_kernel_runs(torch.zeros(1, device=device))
+    with torch.no_grad():  # inference runs the fused kernel on every device
+        assert attention.fused_kernel_runs(torch.zeros(1, device=device))
