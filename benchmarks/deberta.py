@@ -1,6 +1,6 @@
-"""DeBERTa-v3-base shape: posformers' DebertaModel (sdpa, its default) vs transformers' DebertaV2Model (eager, its
-only attention) on the same weights, plus transformers' BertModel with sdpa at the same size as the floor (what an
-encoder of this size costs without disentangled attention).
+"""DeBERTa-v3-base shape: posformers' DebertaModel (its default attention: sdpa on CPU, the fused kernel with CUDA)
+vs transformers' DebertaV2Model (eager, its only attention) on the same weights, plus transformers' BertModel with
+sdpa at the same size as the floor (what an encoder of this size costs without disentangled attention).
 """
 
 import tempfile
@@ -72,7 +72,11 @@ def build_suite(max_seq_len: int) -> Suite:
     return Suite(
         name="deberta",
         models=[
-            ModelEntry("posformers", posformers_deberta, "posformers.DebertaModel, attn_implementation sdpa"),
+            ModelEntry(
+                "posformers",
+                posformers_deberta,
+                "posformers.DebertaModel, its default attention (sdpa on CPU, posformers_fused with CUDA)",
+            ),
             ModelEntry("hf-deberta-v2", hf_deberta_shared, "transformers.DebertaV2Model (eager attention only)"),
             ModelEntry("hf-bert-sdpa", bert_sdpa, "transformers.BertModel, sdpa, no pooler, same size (the floor)"),
         ],

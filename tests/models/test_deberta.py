@@ -723,7 +723,9 @@ def test_sdpa_equals_eager(variant):
     torch.manual_seed(0)
     emd = {"emd_steps": 0} if "embedding_size" in VARIANTS[variant][1] else {}  # the EMD needs hidden-wide positions
     sdpa = DebertaForMaskedLM(ours_variant(variant, **emd)).eval()
-    assert sdpa.config._attn_implementation == "sdpa"
+    # The default: sdpa, or the fused kernel where CUDA is available (compared with eager in test_fused_attention.py).
+    assert sdpa.config._attn_implementation == ("posformers_fused" if torch.cuda.is_available() else "sdpa")
+    sdpa.set_attn_implementation("sdpa")
     eager = DebertaForMaskedLM(ours_variant(variant, **emd))
     eager.load_state_dict(sdpa.state_dict())
     eager.set_attn_implementation("eager")
