@@ -524,6 +524,8 @@ FUSED_IMPLEMENTATIONS = ("posformers_fused", "flex_attention")
 # FlexAttention has a backward only where torch generates its kernels with Triton; on CPU (torch 2.13) it has a
 # forward only, so a training pass there runs `LeanUnpackSlidingWindow` instead.
 FLEX_BACKWARD_DEVICES = ("cuda", "xpu", "hpu")
+# FlexAttention's CPU kernel takes these dtypes only (torch 2.13: a float64 model failed inside inductor's lowering).
+FLEX_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # Copied from posformers.deberta.modeling_deberta.flex_attention_available
@@ -1152,6 +1154,8 @@ class LittleBirdSelfAttention(nn.Module):
             reason = "attention dropout (set attention_probs_dropout_prob=0 to train with the fused kernel)"
         elif building_graph and query.device.type not in FLEX_BACKWARD_DEVICES:
             reason = f"a backward pass on {query.device.type} (FlexAttention has a backward on {FLEX_BACKWARD_DEVICES})"
+        elif query.device.type == "cpu" and query.dtype not in FLEX_CPU_DTYPES:
+            reason = f"{query.dtype} on CPU (FlexAttention's CPU kernel takes {FLEX_CPU_DTYPES})"
         else:
             return True
         logger.warning_once(f"The fused LittleBird attention runs the block-sparse products for {reason}.")

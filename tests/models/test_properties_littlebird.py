@@ -51,6 +51,7 @@ EXAMPLES = {
     "paths": 120,
     "padding": 60,
     "flattened": 50,
+    "fused": 10,
     "gradients": 40,
     "training": 60,
     "invalid_config": 150,
@@ -228,6 +229,38 @@ def test_every_path_gives_the_same_finite_outputs(fields, seed, data):
     for layer, (actual, expected) in enumerate(hidden_states):
         diff = max_diff(actual, expected, mask) if mask.any() else 0.0
         assert diff <= TOL, f"padding-free: hidden_states[{layer}] differ by {diff}"
+
+
+@examples(EXAMPLES["fused"])
+@given(fields=valid_fields(), seed=st.integers(0, 2**16), data=st.data())
+def test_the_fused_attention_matches_the_block_sparse_products(fields, seed, data):
+    """attn_implementation="flex_attention" (the fused USWAttn: a block mask and the BiALiBi bias in a score_mod)
+    against the block-sparse products, padded and padding-free. FlexAttention runs uncompiled here, its dense reference
+    (reading the mask_mod and score_mod for every pair, in float64 too): compiled, it builds a kernel per shape, seconds
+    each on CPU, which tests/models/test_fused_attention.py does for fixed shapes."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    model = build_model(fields, seed, attention_probs_dropout_prob=0.0)
+    batch = data.draw(padded_batches(model.config))
+    mask = real_mask(batch)
+
+    def both_kernels(model):
+        model.config._attn_implementation = "sdpa"
+        outputs = {"block-sparse": run(model, batch, "never")}
+        model.config._attn_implementation = "flex_attention"
+        with (
+            mock.patch.object(modeling_littlebird, "flex_attention_kernel", lambda device_type: flex_attention),
+            mock.patch.object(modeling_littlebird, "FLEX_CPU_DTYPES", DTYPES),
+        ):
+            outputs["fused"] = run(model, batch, "never")
+            outputs["fused, padding-free"] = run(model, batch, "always")
+        model.config._attn_implementation = "sdpa"
+        return outputs
+
+    outputs = finite_then_float64(model, both_kernels)
+    expected = outputs.pop("block-sparse")
+    for label, output in outputs.items():
+        assert_same_at_real_tokens(output, expected, mask, label)
 
 
 @examples(EXAMPLES["gradients"])
@@ -754,3 +787,17 @@ def test_inputs_embeds_of_another_dtype_run_under_autocast():
             output = model(inputs_embeds=embeds.bfloat16()).last_hidden_state
     assert torch.isfinite(output).all()
     assert max_diff(output.float(), expected) < 0.1  # bfloat16 keeps 8 bits of mantissa
+
+
+def test_the_fused_attention_of_a_float64_model_on_cpu_runs_the_block_sparse_products():
+    """FlexAttention's CPU kernel takes float32, float16 and bfloat16 only: a float64 model failed inside inductor's
+    lowering ("NotImplementedError: torch.float, torch.float16 and torch.bfloat16 are supported"); it now runs the
+    block-sparse products, as for attention dropout."""
+    torch.manual_seed(0)
+    model = LittleBirdModel(tiny_config(LittleBirdConfig)).eval().double()
+    input_ids = torch.randint(1, 99, (2, 11))
+    with torch.no_grad():
+        expected = model(input_ids).last_hidden_state
+        model.config._attn_implementation = "flex_attention"
+        output = model(input_ids).last_hidden_state
+    assert torch.equal(output, expected)
