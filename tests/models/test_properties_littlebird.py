@@ -231,6 +231,7 @@ def test_every_path_gives_the_same_finite_outputs(fields, seed, data):
         assert diff <= TOL, f"padding-free: hidden_states[{layer}] differ by {diff}"
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # uncompiled on purpose
 @examples(EXAMPLES["fused"])
 @given(fields=valid_fields(), seed=st.integers(0, 2**16), data=st.data())
 def test_the_fused_attention_matches_the_block_sparse_products(fields, seed, data):
