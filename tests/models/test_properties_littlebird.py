@@ -5,9 +5,10 @@ token types, position_ids, inputs_embeds, flattened batches), and random invalid
 Properties of a valid config and input: no exception and no NaN/inf anywhere; outputs at real tokens independent of
 extra right padding and of the other rows; the same outputs from every way the model computes them (the padded path,
 the padding-free path, the explicit-products path of output_attentions, the training kernel `LeanUnpackSlidingWindow`,
-both kernels in chunks of query blocks, inputs_embeds instead of input_ids, a flattened batch), and the same gradients
-from the training kernel's hand-written backward as from autograd; a finite training step of every head. An invalid
-config or input gets a ValueError or TypeError whose message names the field or argument.
+both kernels in chunks of query blocks, inputs_embeds instead of input_ids, a flattened batch, the fused FlexAttention
+kernel), and the same gradients from the training kernel's hand-written backward as from autograd; a finite training
+step of every head. An invalid config or input gets a ValueError or TypeError whose message names the field or
+argument.
 
 Every output is checked for NaN/inf in float32 (the dtype models run in); the paths are compared in float64. The paths
 differ only in the order of their sums (fused SDPA against explicit products, a (1, N) packed row against (B, L)), so
@@ -17,7 +18,7 @@ mix-up (a wrong block, bias or mask moves outputs by O(0.1)). In float32 the sam
 initializer_range 0.5 (1e-6 at 0.02): roundoff in logits of that size, which would hide less than float64 does.
 
 Examples per run (derandomized, so CI draws the same ones every time; settings from tests/helpers/properties.py,
-POSFORMERS_HYPOTHESIS_SCALE multiplies them): `EXAMPLES` below (the "padding" count serves two tests), 640 in all: 390
+POSFORMERS_HYPOTHESIS_SCALE multiplies them): `EXAMPLES` below (the "padding" count serves two tests), 650 in all: 400
 valid, 250 invalid.
 """
 
