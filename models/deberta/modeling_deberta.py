@@ -501,13 +501,14 @@ def is_right_padded(attention_mask: torch.Tensor) -> bool:
 
 # Copied from posformers.roformer.modeling_roformer.flattened_restarts
 def flattened_restarts(position_ids: torch.Tensor | None, input_rows: int) -> bool:
-    """Whether the input is a flattened batch: one row whose position_ids restart at 0 after its first token."""
+    """Whether the input is a flattened batch: one row whose position_ids restart at 0 after its first token (a 0
+    that does not follow -1: positions counting up through 0, as shifted ones may, are one sequence)."""
     return (
         position_ids is not None
         and input_rows == 1
         and position_ids.dim() == 2
         and position_ids.shape[1] > 1
-        and bool((position_ids[0, 1:] == 0).any())
+        and bool(((position_ids[0, 1:] == 0) & (position_ids[0, :-1] != -1)).any())
     )
 
 
