@@ -524,6 +524,9 @@ FUSED_IMPLEMENTATIONS = ("posformers_fused", "flex_attention")
 # FlexAttention has a backward only where torch generates its kernels with Triton; on CPU (torch 2.13) it has a
 # forward only, so a training pass there runs `LeanUnpackSlidingWindow` instead.
 FLEX_BACKWARD_DEVICES = ("cuda", "xpu", "hpu")
+# The smallest tile of the block mask: every default configuration of FlexAttention's CUDA kernels divides 128, and some
+# (H100 with d_h = 64) do not divide LittleBird-base's 64-token blocks.
+FLEX_BLOCK_SIZE = 128
 # FlexAttention's CPU kernel takes these dtypes only (torch 2.13: a float64 model failed inside inductor's lowering).
 FLEX_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -559,51 +562,81 @@ def flex_attention_kernel(device_type: str) -> Callable[..., torch.Tensor]:
     return compiled_flex_attention(device_type)
 
 
-def listed_key_blocks(flags: torch.Tensor, candidates: torch.Tensor, num_key_blocks: int):
-    """Block lists in BlockMask's format: flags, candidates (B, n, c) whether / which key block each query block
-    reads -> counts (B, 1, n) int32 and indices (B, 1, n, num_key_blocks) int32, the flagged candidates first."""
+def block_lists(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """BlockMask's format of (B, query tiles, key tiles) flags: counts (B, 1, Q) int32 and the flagged key tiles first
+    in each row, indices (B, 1, Q, K) int32."""
     order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)
-    indices = candidates.gather(-1, order)[..., :num_key_blocks]
-    indices = F.pad(indices, (0, num_key_blocks - indices.shape[-1]))
-    return flags.sum(-1, dtype=torch.int32)[:, None], indices.to(torch.int32)[:, None]
+    return flags.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
+
+
+@dataclass
+class KernelLayout:
+    """Where the fused kernel puts queries and keys: FlexAttention's CUDA kernels read the block mask in tiles of at
+    least `FLEX_BLOCK_SIZE` (every default configuration divides it), so its tiles are `tile = lcm(b, 128)` tokens,
+    whole LittleBird blocks. Queries: the tokens padded to `query_slots`; keys: the `s` unpacked keys padded to
+    `pack_slots`, then the tokens padded to `token_slots`, each a multiple of the tile."""
+
+    tile: int
+    query_slots: int
+    pack_slots: int
+    token_slots: int
+
+    @classmethod
+    def of(cls, layout: BlockSparseLayout) -> "KernelLayout":
+        tile = math.lcm(layout.block_size, FLEX_BLOCK_SIZE)
+        tokens = math.ceil(layout.num_blocks * layout.block_size / tile) * tile
+        return cls(tile, tokens, math.ceil(layout.pack_length / tile) * tile, tokens)
 
 
 def unpack_sliding_window_block_mask(layout: BlockSparseLayout):
-    """USWAttn's FlexAttention BlockMask, over queries padded to `n * b` and keys laid out as `_key_rows` stacks them
-    (pack keys padded to `np * b`, then the tokens padded to `n * b`), at LittleBird's block size `b`: each query block
-    reads its `np` pack blocks and those of its 4 window blocks (`window_key_blocks`) that hold a real key, in full
-    where every key of the block is real, masked per key otherwise. Built from (B, n, np + 4) block lists: its size is
-    O(B n (np + n)) block flags, never (L x L). The mask_mod alone is the whole pattern too (real key, and a pack key
-    or one in the query block's window), as FlexAttention's uncompiled reference reads it instead of the lists."""
+    """USWAttn's FlexAttention BlockMask over `KernelLayout`'s queries and keys: a tile pair is read when one of its
+    (query block, key block) pairs is (the query block's pack blocks and those of its 4 window blocks,
+    `window_key_blocks`, that hold a real key), in full when every pair in it is read and every key real, masked per
+    key otherwise. Built from (B, n, np + n) block flags, never (L x L). The mask_mod alone is the whole pattern (a real
+    key, and a pack key or one in the query block's window), as FlexAttention's uncompiled reference reads it alone."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    b, n, pack_blocks = layout.block_size, layout.num_blocks, layout.pack_blocks
+    b, n, s = layout.block_size, layout.num_blocks, layout.pack_length
+    kernel = KernelLayout.of(layout)
     batch, device = layout.token_keys.shape[0], layout.token_keys.device
-    pack_keys = (torch.arange(pack_blocks * b, device=device) < layout.pack_length).expand(batch, -1)
-    real_keys = torch.cat((pack_keys, layout.token_keys), dim=-1)  # (B, (np + n) b)
-    per_block = real_keys.view(batch, pack_blocks + n, b)
-    pack_candidates = torch.arange(pack_blocks, device=device).expand(batch, n, -1)
-    window_blocks = window_key_blocks(layout.real_blocks, n)  # (B, n, 4), may point past n
-    candidates = torch.cat((pack_candidates, pack_blocks + window_blocks.clamp_max(n - 1)), dim=-1)  # (B, n, np + 4)
-    in_range = torch.cat((torch.ones_like(pack_candidates, dtype=torch.bool), window_blocks < n), dim=-1)
-    any_real = per_block.any(-1).gather(1, candidates.flatten(1)).view(candidates.shape) & in_range
-    all_real = per_block.all(-1).gather(1, candidates.flatten(1)).view(candidates.shape) & in_range
+    pack_keys = (torch.arange(kernel.pack_slots, device=device) < s).expand(batch, -1)
+    token_keys = F.pad(layout.token_keys, (0, kernel.token_slots - n * b))
+    real_keys = torch.cat((pack_keys, token_keys), dim=-1)  # (B, pack_slots + token_slots)
 
-    window_centers = window_blocks[..., 2].contiguous()  # (B, n): block 0 and the 3 blocks around it
-    pack_rows = pack_blocks * b
+    # Which key blocks each query block reads, at LittleBird's block size: (B, query blocks, key blocks)
+    pack_blocks, query_blocks = kernel.pack_slots // b, kernel.query_slots // b
+    window_blocks = window_key_blocks(layout.real_blocks, n)  # (B, n, 4), may point past n (no real key there)
+    window_reads = torch.zeros(
+        batch, query_blocks, kernel.token_slots // b + WINDOW_BLOCKS, dtype=torch.bool, device=device
+    )
+    window_reads[:, :n].scatter_(-1, window_blocks, True)
+    pack_reads = torch.zeros(batch, query_blocks, pack_blocks, dtype=torch.bool, device=device)
+    pack_reads[:, :n] = True
+    reads = torch.cat((pack_reads, window_reads[..., : kernel.token_slots // b]), dim=-1)
+    keys_per_block = real_keys.view(batch, -1, b)
+    attended = reads & keys_per_block.any(-1)[:, None, :]
+    full = reads & keys_per_block.all(-1)[:, None, :]
+
+    per_tile = kernel.tile // b  # (B, query tiles, per_tile, key tiles, per_tile)
+    tiles = (batch, query_blocks // per_tile, per_tile, -1, per_tile)
+    attended_tiles = attended.view(tiles).any(-1).any(2)
+    full_tiles = full.view(tiles).all(-1).all(2)
+
+    window_centers = window_blocks[..., 2]  # (B, n); the query blocks past n repeat the last one
+    window_centers = torch.cat((window_centers, window_centers[:, -1:].expand(-1, query_blocks - n)), dim=1)
+    pack_slots = kernel.pack_slots
 
     def mask_mod(batch_idx, head_idx, q_idx, kv_idx):
-        key_block = (kv_idx - pack_rows) // b
+        key_block = (kv_idx - pack_slots) // b
         in_window = (key_block == 0) | ((key_block - window_centers[batch_idx, q_idx // b]).abs() <= 1)
-        return real_keys[batch_idx, kv_idx] & ((kv_idx < pack_rows) | in_window)
+        return real_keys[batch_idx, kv_idx] & ((kv_idx < pack_slots) | in_window)
 
-    num_key_blocks = pack_blocks + n
     return BlockMask.from_kv_blocks(
-        *listed_key_blocks(any_real & ~all_real, candidates, num_key_blocks),
-        *listed_key_blocks(all_real, candidates, num_key_blocks),
-        BLOCK_SIZE=b,
+        *block_lists(attended_tiles & ~full_tiles),
+        *block_lists(full_tiles),
+        BLOCK_SIZE=kernel.tile,
         mask_mod=mask_mod,
-        seq_lengths=(n * b, num_key_blocks * b),
+        seq_lengths=(kernel.query_slots, real_keys.shape[-1]),
     )
 
 
@@ -611,7 +644,7 @@ def bialibi_score_mod(alpha: torch.Tensor, beta: torch.Tensor, gamma: torch.Tens
     """The BiALiBi bias as a FlexAttention score_mod over `unpack_sliding_window_block_mask`'s key layout: minus
     `(beta + gamma) / 2 * b` on pack keys [paper: D_p], minus `bialibi_coefficients @ bialibi_distances` on token keys.
     alpha, beta, gamma: (H,), read by head inside the kernel (their gradients flow through it)."""
-    pack_rows, half_block = layout.pack_blocks * layout.block_size, layout.block_size / 2
+    pack_rows, half_block = KernelLayout.of(layout).pack_slots, layout.block_size / 2
     global_prefix_length = layout.global_prefix_length
 
     def score_mod(score, batch_idx, head_idx, q_idx, kv_idx):
@@ -632,11 +665,14 @@ def fused_unpack_sliding_window_attention(
     query, key, value: (B, L, H, d_h); pack_key, pack_value: (B, s, H, d_h); alpha, beta, gamma: (H,).
     Returns the context (B, L, H, d_h).
     """
-    batch, seq_len, heads, head_dim = query.shape
-    rows = (layout.pack_blocks + layout.num_blocks) * layout.block_size
-    query = F.pad(query, (0, 0, 0, 0, 0, layout.num_blocks * layout.block_size - seq_len)).transpose(1, 2)
-    key_rows = _key_rows(pack_key, key, layout).view(batch, rows, heads, head_dim).transpose(1, 2)
-    value_rows = _key_rows(pack_value, value, layout).view(batch, rows, heads, head_dim).transpose(1, 2)
+    seq_len, kernel = query.shape[1], KernelLayout.of(layout)
+
+    def padded(tensor, slots):  # (B, l, H, d_h) -> (B, H, slots, d_h), zeros after l (finite, as in `_key_rows`)
+        return F.pad(tensor, (0, 0, 0, 0, 0, slots - tensor.shape[1])).transpose(1, 2)
+
+    query = padded(query, kernel.query_slots)
+    key_rows = torch.cat((padded(pack_key, kernel.pack_slots), padded(key, kernel.token_slots)), dim=2)
+    value_rows = torch.cat((padded(pack_value, kernel.pack_slots), padded(value, kernel.token_slots)), dim=2)
     if "block_mask" not in layout.kernel_cache:
         layout.kernel_cache["block_mask"] = unpack_sliding_window_block_mask(layout)
     context = flex_attention_kernel(query.device.type)(

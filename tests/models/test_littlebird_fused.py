@@ -146,31 +146,42 @@ def test_fused_bfloat16_within_one_percent_of_eager(device, flex_trains, monkeyp
         assert relative_error(actual[name], expected[name]) <= 1e-2, name
 
 
-def test_block_mask_attends_the_keys_of_the_layout():
-    """The block mask (its block lists and mask_mod together) lets each query attend exactly the keys the block-sparse
-    layout leaves unmasked: its pack keys and the real keys of its 4 window blocks; and the mask_mod alone (what
-    FlexAttention's uncompiled reference reads) is the same pattern."""
-    inputs = batch("cpu")
-    batch_size, b = inputs["attention_mask"].shape[0], BLOCK_SIZE
+@pytest.mark.parametrize(("block_size", "seq_len"), [(BLOCK_SIZE, SEQ_LEN), (16, 700), (48, 1000)])
+def test_block_mask_attends_the_keys_of_the_layout(block_size, seq_len):
+    """The block mask (its tile lists and mask_mod together) lets each query attend exactly the keys the block-sparse
+    layout leaves unmasked: its pack keys and the real keys of its 4 window blocks; the mask_mod alone (what
+    FlexAttention's uncompiled reference reads) is the same pattern; and every tile listed holds an attended pair. The
+    longer cases span several 128-token tiles (and tiles of lcm(48, 128) = 384 tokens)."""
+    attention_mask = torch.ones(4, seq_len, dtype=torch.long)
+    for row, length in ((1, seq_len // 2), (2, 11), (3, seq_len - 30)):
+        attention_mask[row, length:] = 0
+    attention_mask[3, 18:23] = 0
     layout = littlebird.BlockSparseLayout.build(
-        inputs["attention_mask"], batch_size, SEQ_LEN, b, 3, torch.float32, torch.device("cpu"), 3
+        attention_mask, 4, seq_len, block_size, 3, torch.float32, torch.device("cpu"), 3
     )
-    n, rows = layout.num_blocks, (layout.pack_blocks + layout.num_blocks) * b
-    # the layout: (B n, w) key rows of each query block, masked where the fourth bias channel is 1
-    unmasked = layout.bias_features[:, 3].view(batch_size * n, b, -1) == 0  # (B n, b, w)
-    key_rows = (layout.key_index - layout.key_index[:, :1])[:, None, :].expand_as(unmasked)
-    expected = torch.zeros(batch_size * n, b, rows, dtype=torch.bool)
-    expected.scatter_(-1, key_rows, unmasked)
-    expected = expected.view(batch_size, n * b, rows)
+    kernel = littlebird.KernelLayout.of(layout)
+    b, n, pack_rows = block_size, layout.num_blocks, layout.pack_blocks * block_size
+    key_slots = kernel.pack_slots + kernel.token_slots
+    # the layout: (B n, w) key rows of each query block in `_key_rows`' stack, masked where the fourth bias channel is
+    # 1; moved to the kernel's key layout (the pack keys padded to pack_slots instead of np b)
+    unmasked = layout.bias_features[:, 3].view(4 * n, b, -1) == 0  # (B n, b, w)
+    key_rows = layout.key_index - layout.key_index[:, :1]
+    key_rows = torch.where(key_rows < pack_rows, key_rows, key_rows - pack_rows + kernel.pack_slots)
+    expected = torch.zeros(4 * n, b, key_slots, dtype=torch.bool)
+    expected.scatter_(-1, key_rows[:, None, :].expand_as(unmasked), unmasked)
+    expected = torch.nn.functional.pad(expected.view(4, n * b, key_slots), (0, 0, 0, kernel.query_slots - n * b))
 
     block_mask = littlebird.unpack_sliding_window_block_mask(layout)
-    blocks = block_mask.to_dense()[:, 0].bool()  # (B, n, np + n): key blocks listed, partial or full
-    listed = blocks.repeat_interleave(b, 1).repeat_interleave(b, 2)
-    by_mask_mod = torch_flex.create_mask(block_mask.mask_mod, batch_size, 1, n * b, rows, device="cpu")[:, 0]
-    assert torch.equal(by_mask_mod, expected)
-    assert torch.equal(listed & by_mask_mod, expected)
-    # every listed block holds an attended key: no block is read for nothing
-    assert torch.equal(blocks, expected.view(batch_size, n, b, -1, b).any(2).any(-1))
+    tiles = block_mask.to_dense()[:, 0].bool()  # (B, query tiles, key tiles): listed, partial or full
+    listed = tiles.repeat_interleave(kernel.tile, 1).repeat_interleave(kernel.tile, 2)
+    mask_mod = torch_flex.create_mask(block_mask.mask_mod, 4, 1, kernel.query_slots, key_slots, device="cpu")[:, 0]
+    real_queries = torch.arange(kernel.query_slots) < n * b  # queries past n b are the kernel's padding
+    assert torch.equal(mask_mod[:, real_queries], expected[:, real_queries])
+    assert torch.equal((listed & mask_mod)[:, real_queries], expected[:, real_queries])
+    per_tile = expected.view(4, kernel.query_slots // kernel.tile, kernel.tile, -1, kernel.tile).any(-1).any(2)
+    assert torch.equal(tiles, per_tile)
+    if seq_len > 2 * kernel.tile:
+        assert not tiles.all()  # the tile lists skip something
 
 
 @pytest.mark.parametrize("device", DEVICES)
