@@ -22,7 +22,7 @@ import warnings
 
 import pytest
 import torch
-from helpers.modeling import flattened
+from helpers.modeling import flattened, tiny_fields
 from helpers.properties import examples, one_thread  # noqa: F401 (one_thread: an autouse fixture)
 from hypothesis import given
 from hypothesis import strategies as st
@@ -573,27 +573,18 @@ def test_invalid_input_is_refused_by_name(case, unpad_inputs):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def tiny_fields(**overrides) -> dict:
-    fields = dict(
-        vocab_size=30,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=20,
-        max_position_embeddings=8,
-        initializer_range=0.5,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return {**fields, **overrides}
+def regression_fields(**overrides) -> dict:
+    """The shared tiny RoFormer (hidden 32, 4 heads) with a table of 8 positions and weights large enough that a
+    wrong rotation moves outputs far past TOLERANCE."""
+    return {**tiny_fields("posformers-roformer"), "max_position_embeddings": 8, "initializer_range": 0.5, **overrides}
 
 
 @pytest.mark.parametrize("start", [100, -3], ids=["past-the-table", "negative"])
 def test_position_ids_outside_the_cached_table_are_rotated(start):
     """position_ids past max_position_embeddings on a short input used to index the cached table (IndexError), and
     negative ones silently wrapped to its end; now they rotate as positions, so a constant shift changes nothing."""
-    model = build(tiny_fields())
-    input_ids = torch.randint(1, 30, (2, 5), generator=torch.Generator().manual_seed(0))
+    model = build(regression_fields())
+    input_ids = torch.randint(1, 99, (2, 5), generator=torch.Generator().manual_seed(0))
     expected = run(model, "sdpa", "never", input_ids=input_ids).last_hidden_state
     position_ids = torch.arange(start, start + 5)[None]
     actual = run(model, "sdpa", "never", input_ids=input_ids, position_ids=position_ids).last_hidden_state
@@ -604,8 +595,8 @@ def test_position_ids_outside_the_cached_table_are_rotated(start):
 def test_one_padded_row_with_positions_counting_through_zero_is_not_a_flattened_batch(unpad_inputs):
     """position_ids -5, -4, ..., 2 on one padded row were read as a flattened batch (a 0 after the first token) and
     refused for its padding; a flattened batch restarts at 0, it does not count up through it."""
-    model = build(tiny_fields())
-    input_ids = torch.randint(1, 30, (1, 8), generator=torch.Generator().manual_seed(0))
+    model = build(regression_fields())
+    input_ids = torch.randint(1, 99, (1, 8), generator=torch.Generator().manual_seed(0))
     mask = torch.tensor([[1] * 5 + [0] * 3])
     expected = run(model, "sdpa", unpad_inputs, input_ids=input_ids, attention_mask=mask).last_hidden_state
     position_ids = torch.arange(-5, 3)[None]
@@ -619,8 +610,8 @@ def test_dynamic_ntk_scaling_does_not_depend_on_padding(length, padding, unpad_i
     """Dynamic NTK scaling sized its base for the padded width: 5 padding columns after 12 real tokens (past
     max_position_embeddings=8) changed every real token's output by ~0.2. It now reads the longest real sequence,
     while padded positions past the table (6 real tokens padded to 10) are still computed, not looked up."""
-    model = build(tiny_fields(rope_scaling={"rope_type": "dynamic", "factor": 4.0}))
-    input_ids = torch.randint(1, 30, (1, length), generator=torch.Generator().manual_seed(0))
+    model = build(regression_fields(rope_scaling={"rope_type": "dynamic", "factor": 4.0}))
+    input_ids = torch.randint(1, 99, (1, length), generator=torch.Generator().manual_seed(0))
     expected = run(model, "eager", "never", input_ids=input_ids).last_hidden_state
     padded = torch.nn.functional.pad(input_ids, (0, padding))
     mask = (padded != 0).long()
@@ -631,8 +622,8 @@ def test_dynamic_ntk_scaling_does_not_depend_on_padding(length, padding, unpad_i
 def test_rms_norm_lm_head_with_factorised_embeddings_is_refused():
     """RoFormer-v2's LM head is the tied word embeddings alone: with embedding_size != hidden_size it failed at the
     first forward pass with a shape error from inside F.linear."""
-    config = RoFormerConfig(**tiny_fields(norm_type="rms_norm", embedding_size=8))
-    with pytest.raises(ValueError, match=r"RoFormerConfig\.embedding_size \(8\) must equal hidden_size \(16\)"):
+    config = RoFormerConfig(**regression_fields(norm_type="rms_norm", embedding_size=8))
+    with pytest.raises(ValueError, match=r"RoFormerConfig\.embedding_size \(8\) must equal hidden_size \(32\)"):
         RoFormerForMaskedLM(config)
 
 
@@ -665,7 +656,7 @@ def test_rms_norm_lm_head_with_factorised_embeddings_is_refused():
 )
 def test_config_values_that_used_to_fail_late_or_silently_are_refused(overrides, message):
     with pytest.raises(ValueError, match=message):
-        RoFormerConfig(**tiny_fields(**overrides))
+        RoFormerConfig(**regression_fields(**overrides))
 
 
 IDS = torch.ones(2, 5, dtype=torch.long)
@@ -679,18 +670,18 @@ IDS = torch.ones(2, 5, dtype=torch.long)
         ({"input_ids": IDS.tolist()}, r"input_ids must be a torch.Tensor, got list"),
         ({"input_ids": IDS, "token_type_ids": torch.zeros(2, 5)}, r"token_type_ids must hold integers"),
         ({"input_ids": IDS, "attention_mask": [[1] * 5] * 2}, r"attention_mask must be a torch.Tensor"),
-        ({"inputs_embeds": torch.zeros(2, 5, 16, dtype=torch.float64)}, r"inputs_embeds must have the model's dtype"),
+        ({"inputs_embeds": torch.zeros(2, 5, 32, dtype=torch.float64)}, r"inputs_embeds must have the model's dtype"),
         ({"input_ids": IDS, "attention_mask": torch.ones(2, 1, 5, 4)}, r"a 4D attention_mask must have shape"),
         ({"input_ids": IDS, "attention_mask": torch.ones(3, 1, 5, 5)}, r"a 4D attention_mask must have shape"),
         ({"input_ids": IDS, "attention_mask": torch.ones(2, 1, 5, 6)}, r"kv_len=5\), got \(2, 1, 5, 6\)"),
         ({"input_ids": IDS[:0]}, r"input_ids holds an empty batch"),
         # accepted silently: integer embeddings, fractional positions indexing the table
-        ({"inputs_embeds": torch.zeros(2, 5, 16, dtype=torch.long)}, r"inputs_embeds must have the model's dtype"),
+        ({"inputs_embeds": torch.zeros(2, 5, 32, dtype=torch.long)}, r"inputs_embeds must have the model's dtype"),
         ({"input_ids": IDS, "position_ids": torch.arange(5.0)[None]}, r"position_ids must hold integers"),
     ],
 )
 def test_inputs_that_used_to_fail_inside_torch_are_refused_by_name(inputs, message):
-    model = build(tiny_fields())
+    model = build(regression_fields())
     with pytest.raises((ValueError, TypeError), match=message):
         model(**inputs)
 
@@ -698,8 +689,8 @@ def test_inputs_that_used_to_fail_inside_torch_are_refused_by_name(inputs, messa
 def test_inputs_embeds_of_another_dtype_are_taken_under_autocast():
     """Under autocast, bfloat16 embeddings (say, from another autocast computation) into a float32 model are not
     refused: autocast casts what enters each matmul, and the result is that of the same values in float32."""
-    model = build(tiny_fields())
-    embeds = torch.randn(2, 5, 16).to(torch.bfloat16)
+    model = build(regression_fields())
+    embeds = torch.randn(2, 5, 32).to(torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
         mixed = model(inputs_embeds=embeds).last_hidden_state
         same = model(inputs_embeds=embeds.float()).last_hidden_state
