@@ -146,12 +146,14 @@ def test_fused_bfloat16_within_one_percent_of_eager(device, flex_trains, monkeyp
         assert relative_error(actual[name], expected[name]) <= 1e-2, name
 
 
+@pytest.mark.parametrize("min_tile", [1, 128])  # CPU's tiles (LittleBird's blocks) and CUDA's
 @pytest.mark.parametrize(("block_size", "seq_len"), [(BLOCK_SIZE, SEQ_LEN), (16, 700), (48, 1000)])
-def test_block_mask_attends_the_keys_of_the_layout(block_size, seq_len):
+def test_block_mask_attends_the_keys_of_the_layout(block_size, seq_len, min_tile, monkeypatch):
     """The block mask (its tile lists and mask_mod together) lets each query attend exactly the keys the block-sparse
     layout leaves unmasked: its pack keys and the real keys of its 4 window blocks; the mask_mod alone (what
     FlexAttention's uncompiled reference reads) is the same pattern; and every tile listed holds an attended pair. The
-    longer cases span several 128-token tiles (and tiles of lcm(48, 128) = 384 tokens)."""
+    longer cases span several tiles (of 128 tokens and of lcm(48, 128) = 384 tokens with CUDA's tiles)."""
+    monkeypatch.setitem(littlebird.FLEX_MIN_TILE, "cpu", min_tile)
     attention_mask = torch.ones(4, seq_len, dtype=torch.long)
     for row, length in ((1, seq_len // 2), (2, 11), (3, seq_len - 30)):
         attention_mask[row, length:] = 0
