@@ -527,8 +527,9 @@ FLEX_BACKWARD_DEVICES = ("cuda", "xpu", "hpu")
 # The smallest tile of the block mask: every default configuration of FlexAttention's CUDA kernels divides 128, and some
 # (H100 with d_h = 64) do not divide LittleBird-base's 64-token blocks.
 FLEX_BLOCK_SIZE = 128
-# By device type, where the kernel reads tiles of any size: FlexAttention's CPU kernel runs fastest at LittleBird's own
-# blocks (base size, 1024 tokens: 128-token tiles took 1.7x the block-sparse products' time, 64-token ones 0.6x).
+# By device type, where the kernel reads tiles of any size: FlexAttention's CPU kernel runs faster at LittleBird's own
+# blocks (base size, 1024 tokens, inference: 128-token tiles took 1.7x the block-sparse products' time, the 64-token
+# blocks 0.6-0.95x on a loaded 2-core machine).
 FLEX_MIN_TILE = {"cpu": 1}
 # FlexAttention's CPU kernel takes these dtypes only (torch 2.13: a float64 model failed inside inductor's lowering).
 FLEX_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
