@@ -230,7 +230,7 @@ def test_a_failed_write_leaves_no_partial_output(workdir):
     # --overwrite of an existing output that then fails keeps the old output untouched
     write_output(tiny_model(seed=1), workdir / "out", overwrite=False, info=INFO)
     before = tree_digest(workdir / "out")
-    with pytest.raises(ConversionError, match="disk full.*previous output is unchanged"):
+    with pytest.raises(ConversionError, match=r"disk full.*previous output is unchanged"):
         write_output(tiny_model(seed=2), workdir / "out", overwrite=True, info=INFO, tokenizer=_FailingTokenizer())
     assert tree_digest(workdir / "out") == before
     assert_no_partial_outputs(workdir, "out")

@@ -358,7 +358,9 @@ def test_true_with_pad_to_max_length_is_refused(tmp_path):
 
 def test_true_is_refused_for_distillation(corpus, small_vocabulary, tmp_path):
     """Padding Insertion puts padding into the student's batches on purpose: they stay padded."""
-    with pytest.raises(SystemExit, match=r"--padding_free true: --objective distill with Padding Insertion inserts padding"):
+    with pytest.raises(
+        SystemExit, match=r"--padding_free true: --objective distill with Padding Insertion inserts padding"
+    ):
         run_pretrain.main(
             ["--objective", "distill", "--model_type", "littlebird", "--config_overrides", TINY["littlebird"],
              "--tokenizer_name", str(small_vocabulary), "--teacher_name_or_path", str(tmp_path / "never-loaded"),
