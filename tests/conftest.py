@@ -21,10 +21,29 @@ def hub_server():
 
 @pytest.fixture(autouse=True)
 def _restore_transformers_verbosity():
-    """Scripts run in-process (`main([...])`) set transformers' log level from their arguments and keep it: restore it
-    after each test, so a later test that captures a logged warning does not depend on which tests ran before."""
+    """Scripts run in-process (`main([...])`) set transformers' and posformers' log levels from their arguments and
+    keep them (finetune/reporting.py setup_logging): restore both after each test, so a later test that captures a
+    logged warning does not depend on which tests ran before."""
+    import logging as std_logging
+
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
+    posformers_logger = std_logging.getLogger("posformers")
+    posformers_level = posformers_logger.level
     yield
     logging.set_verbosity(verbosity)
+    posformers_logger.setLevel(posformers_level)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_compiler_per_module():
+    """Each test module starts with torch.compile's caches empty, as when it runs alone. Compiled functions are global
+    (transformers' flex_attention singleton, and the torch.compile(backend="eager") that uncompiled flex_attention
+    runs in): after earlier modules called them with other shapes, dynamo marks the sizes dynamic, and on CPU torch
+    2.13 then fails (inductor's CPU flex template does not build with dynamic shapes; the eager flex wrapper loses an
+    unbacked symbol). Within a module compiled kernels are still shared."""
+    import torch
+
+    torch.compiler.reset()
+    yield
