@@ -1,5 +1,6 @@
 """Shared pytest setup: no test reaches the real Hugging Face Hub, and a local Hub for those that need one."""
 
+import logging
 import os
 
 import pytest
@@ -10,6 +11,8 @@ from helpers.hub_server import HubServer  # standard library only: imports nothi
 # (helpers.python_env).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+_POSFORMERS_LOG_LEVEL = logging.getLogger("posformers").level
 
 
 @pytest.fixture(scope="session")
@@ -29,11 +32,11 @@ def _restore_transformers_verbosity():
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
-    posformers_logger = std_logging.getLogger("posformers")
-    posformers_level = posformers_logger.level
     yield
     logging.set_verbosity(verbosity)
-    posformers_logger.setLevel(posformers_level)
+    # Back to the level it had when the session began (a module-scoped fixture that runs a script sets it before
+    # any per-test fixture could record it).
+    std_logging.getLogger("posformers").setLevel(_POSFORMERS_LOG_LEVEL)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -2,7 +2,9 @@
 disentangled attention against step-by-step references, backends, robustness, official checkpoints and the Hub."""
 
 import json
+import logging
 import math
+import sys
 
 import pytest
 import torch
@@ -1020,11 +1022,20 @@ def test_config_validation(overrides, message):
 def test_what_the_official_code_ignores_is_accepted(tmp_path):
     """bert_base.json (microsoft/DeBERTa experiments): position_buckets without relative attention is ignored, as
     the official code ignores it, with a logged note; pos_att_type "none" names no position term."""
-    logger = transformers.utils.logging.get_logger("posformers.deberta.configuration_deberta")
-    transformers.utils.logging.set_verbosity_warning()  # whatever an earlier test left (tests/conftest.py restores)
-    logger.disabled = False  # a library's logging.config.dictConfig (run by an earlier test) disables existing loggers
-    with CaptureLogger(logger) as captured:
-        config = tiny_config(DebertaConfig, relative_attention=False, position_buckets=256, pos_att_type="none")
+    logger = sys.modules[DebertaConfig.__module__].logger  # the logger the config writes to, whatever its name
+    # Whatever earlier tests left (an in-process script's --log_level on the "posformers" logger, a library's
+    # logging.config.dictConfig disabling existing loggers, logging.disable): this logger emits warnings here.
+    saved = (logger.level, logger.disabled, logging.root.manager.disable)
+    logger.setLevel(logging.WARNING)
+    logger.disabled = False
+    logging.disable(logging.NOTSET)
+    try:
+        with CaptureLogger(logger) as captured:
+            config = tiny_config(DebertaConfig, relative_attention=False, position_buckets=256, pos_att_type="none")
+    finally:
+        logger.setLevel(saved[0])
+        logger.disabled = saved[1]
+        logging.disable(saved[2])
     assert (config.position_buckets, config.pos_att_type) == (-1, [])
     assert "position_buckets=256 is ignored" in captured.out
     assert DebertaModel(config).encoder.layer[0].attention.self.scaling == config.head_dim**-0.5
