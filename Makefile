@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m posformers.demo
+	$(BIN)/python -m posformers.finetune.demo
 
 # BERT teacher -> posformers-convert littlebird -> distillation -> RSS -> long-document QA, held-out numbers in
 # demo_output/littlebird-recipe/summary.md (finetune/littlebird_recipe.py; about 7 minutes on a quiet 2-core machine)

@@ -24,7 +24,7 @@ import time
 import torch
 
 import posformers
-from posformers.roformer.modeling_roformer import RoFormerRotaryEmbedding, apply_rotary
+from posformers.modeling_roformer import RoFormerRotaryEmbedding, apply_rotary
 
 
 def rotary_complex_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

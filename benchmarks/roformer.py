@@ -81,9 +81,9 @@ def build_suite(max_seq_len: int) -> Suite:
             Target("forward", 512, "hf-bert-sdpa", 1.10),
         ],
         profile_functions=[
-            "posformers.roformer.modeling_roformer:apply_rotary",
-            "posformers.roformer.modeling_roformer:create_bidirectional_mask",
-            "posformers.roformer.modeling_roformer:_check_inputs",
+            "posformers.modeling_roformer:apply_rotary",
+            "posformers.modeling_roformer:create_bidirectional_mask",
+            "posformers.modeling_roformer:_check_inputs",
             "transformers.models.roformer.modeling_roformer:create_bidirectional_mask",
             "transformers.models.bert.modeling_bert:create_bidirectional_mask",
         ],

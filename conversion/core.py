@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from posformers.roformer.loading_roformer import CheckpointError, safetensors_header
+from posformers.loading import CheckpointError, safetensors_header
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_INDEX = "pytorch_model.bin.index.json"
@@ -438,7 +438,7 @@ class OutputInfo:
 
 def conversion_card(model, info: OutputInfo, repo_id: str | None = None) -> str:
     """README.md: posformers' model card (metadata, usage, config) plus how the weights were converted."""
-    from posformers import hub
+    from posformers.integrations import hub
 
     card = str(hub.model_card(model, repo_id, base_model=info.base_model or False, tags=("converted",)))
     lines = ["", "## Conversion", "", f"Converted from {info.source_description} with:", "", "```bash"]

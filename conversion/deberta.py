@@ -79,9 +79,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
+from posformers.configuration_deberta import OFFICIAL_COMMON_DEFAULTS, pooler_fields
 from posformers.conversion import core
 from posformers.conversion.core import ConversionError, log
-from posformers.deberta.configuration_deberta import OFFICIAL_COMMON_DEFAULTS, pooler_fields
 
 TASK_HEADS = {  # head -> (posformers class, its tensors besides the encoder, as a regex)
     "sequence-classification": ("DebertaForSequenceClassification", r"(pooler\.dense|classifier)\.(weight|bias)"),
@@ -277,7 +277,7 @@ def posformers_config(official: dict):
     """posformers' DebertaConfig for an official config dict, with the defaults transformers / the official code give
     to absent fields (as `DebertaConfig.from_pretrained` does for a config.json)."""
     from posformers import DebertaConfig
-    from posformers.deberta.configuration_deberta import OFFICIAL_DEFAULTS
+    from posformers.configuration_deberta import OFFICIAL_DEFAULTS
 
     fields = {**OFFICIAL_DEFAULTS[official["model_type"]], **official}
     for name in ("model_type", *NON_ARCHITECTURE_FIELDS):

@@ -122,7 +122,7 @@ class RunArguments:
         default="attention",
         metadata={
             "help": "What LoRA adapts: 'attention' (query and value projections), 'all-linear' (every encoder "
-            "linear), or comma-separated module names (see posformers.peft.TARGET_MODULES)."
+            "linear), or comma-separated module names (see posformers.integrations.peft.TARGET_MODULES)."
         },
     )
 

@@ -54,12 +54,11 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-import posformers
 from posformers.conversion import cli as convert_cli
 
 from . import run_pretrain, run_qa
+from .demo import DEMO_DATA
 
-DEMO_DATA = Path(posformers.__file__).resolve().parent / "demo_data"
 ARTICLES = DEMO_DATA / "littlebird" / "squad_articles.json"
 SST2 = DEMO_DATA / "sst2"
 # Whole articles read by no training stage: held-out text for pre-training, held-out questions for QA.
@@ -598,7 +597,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict | None:
     """Run the recipe with `argv` (default: sys.argv[1:]); returns the summary to in-process callers."""
     args = parse_args(argv)
-    # Small models: a second intra-op thread gains little, and on a busy machine it spin-waits (models/demo.py).
+    # Small models: a second intra-op thread gains little, and on a busy machine it spin-waits (finetune/demo.py).
     torch.set_num_threads(args.threads)
     prepare_output_dir(args.output_dir, args.overwrite_output_dir)
     recipe = Recipe(

@@ -5,9 +5,10 @@
         model = apply_lora(model, model_args, run_args, training_args, "SEQ_CLS", "AutoModelForSequenceClassification",
                            id2label=..., label2id=...)   # config fields the run changed, for loading it back
 
-The base model is frozen; LoRA adapters on the chosen projections (posformers.peft.target_modules) and the head,
-trained whole, are what Trainer trains, checkpoints and saves: the output folder holds `adapter_config.json` and
-`adapter_model.safetensors` (peft's format) instead of a whole model, and LOAD_ADAPTER.md says how to load it.
+The base model is frozen; LoRA adapters on the chosen projections (posformers.integrations.peft.target_modules) and
+the head, trained whole, are what Trainer trains, checkpoints and saves: the output folder holds
+`adapter_config.json` and `adapter_model.safetensors` (peft's format) instead of a whole model, and
+LOAD_ADAPTER.md says how to load it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def apply_lora(
     if Path(model_args.model_name_or_path).is_dir():  # the adapter's config names its base: make it work from anywhere
         model.config._name_or_path = str(Path(model_args.model_name_or_path).resolve())
     try:
-        from posformers.peft import add_lora
+        from posformers.integrations.peft import add_lora
     except ImportError as error:
         raise ArgumentError(f"--lora_r needs peft: pip install posformers[peft] ({error})") from error
     model = add_lora(

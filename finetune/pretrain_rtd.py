@@ -50,7 +50,8 @@ from torch import nn
 from transformers import Trainer
 from transformers.modeling_outputs import ModelOutput
 
-from posformers.deberta import DebertaConfig, DebertaForMaskedLM, DebertaForReplacedTokenDetection
+from posformers.configuration_deberta import DebertaConfig
+from posformers.modeling_deberta import DebertaForMaskedLM, DebertaForReplacedTokenDetection
 
 from .errors import ArgumentError, OutputDirError
 from .loading import parse_overrides

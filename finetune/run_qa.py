@@ -32,8 +32,8 @@ Demo
 ----
 `make demo` trains a small LittleBird from scratch on questions about one long document: the first ten paragraphs of
 the SQuAD v1.1 dev article "Amazon_rainforest" joined into one document of 1,848 tokens, read whole in one window
-(`models/demo_data/qa/`, provenance in its README.md; config `littlebird-qa.json`: 2 layers x 64, blocks of 64, 16
-pack states, BiALiBi slopes starting at 0; the bert-base-uncased tokenizer of `models/demo_data/tokenizer`). With
+(`finetune/demo_data/qa/`, provenance in its README.md; config `littlebird-qa.json`: 2 layers x 64, blocks of 64, 16
+pack states, BiALiBi slopes starting at 0; the bert-base-uncased tokenizer of `finetune/demo_data/tokenizer`). With
 DATA = the installed `posformers/demo_data` folder it runs:
 
     from posformers.finetune import run_qa

@@ -7,9 +7,16 @@ Importing the package registers every config and model with transformers' Auto c
 import transformers as _transformers
 
 from . import _registry
-from .deberta import AUTO_MAP as _DEBERTA_AUTO_MAP
-from .deberta import (
-    DebertaConfig,
+from . import modeling_deberta as _modeling_deberta
+from . import modeling_littlebird as _modeling_littlebird
+from . import modeling_roformer as _modeling_roformer
+from .configuration_deberta import AUTO_MAP as _DEBERTA_AUTO_MAP
+from .configuration_deberta import DebertaConfig
+from .configuration_littlebird import AUTO_MAP as _LITTLEBIRD_AUTO_MAP
+from .configuration_littlebird import LittleBirdConfig
+from .configuration_roformer import AUTO_MAP as _ROFORMER_AUTO_MAP
+from .configuration_roformer import RoFormerConfig
+from .modeling_deberta import (
     DebertaForMaskedLM,
     DebertaForMultipleChoice,
     DebertaForQuestionAnswering,
@@ -20,10 +27,7 @@ from .deberta import (
     DebertaModel,
     DebertaPreTrainedModel,
 )
-from .deberta import modeling_deberta as _modeling_deberta
-from .littlebird import AUTO_MAP as _LITTLEBIRD_AUTO_MAP
-from .littlebird import (
-    LittleBirdConfig,
+from .modeling_littlebird import (
     LittleBirdForMaskedLM,
     LittleBirdForMultipleChoice,
     LittleBirdForQuestionAnswering,
@@ -33,10 +37,7 @@ from .littlebird import (
     LittleBirdModel,
     LittleBirdPreTrainedModel,
 )
-from .littlebird import modeling_littlebird as _modeling_littlebird
-from .roformer import AUTO_MAP as _ROFORMER_AUTO_MAP
-from .roformer import (
-    RoFormerConfig,
+from .modeling_roformer import (
     RoFormerForCausalLM,
     RoFormerForMaskedLM,
     RoFormerForMultipleChoice,
@@ -48,7 +49,6 @@ from .roformer import (
     RoFormerPreTrainedModel,
     convert_rope_layout,
 )
-from .roformer import modeling_roformer as _modeling_roformer
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,7 @@
 
 import transformers
 
-from . import hub
+from .integrations import hub
 
 
 def _pretrained_base(model_class: type) -> type:

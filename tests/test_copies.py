@@ -4,7 +4,7 @@ The model folders stand alone (`save_pretrained` copies them to the Hub as remot
 skeleton. A repeated piece carries, on the line above its `def` / `class`, a marker in the syntax of transformers'
 utils/check_copies.py:
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerForQuestionAnswering with RoFormer->Deberta all-casing
+    # Copied from posformers.modeling_roformer.RoFormerForQuestionAnswering with RoFormer->Deberta all-casing
 
 The named source (a module-level function or class, or a method as `Class.method`) with the renames applied must equal
 the code under the marker. Renames are comma-separated `old->new` replacements of plain text; `all-casing` also
@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
-MODEL_FOLDERS = ("roformer", "deberta", "littlebird")
 MARKER = re.compile(
     r"^(?P<indent>\s*)# Copied from posformers\.(?P<source>[\w.]+)(?: with (?P<renames>.*?))?\s*(?:# noqa.*)?$"
 )
@@ -31,7 +30,7 @@ class Copy:
     path: Path
     line: int  # 1-based line of the marker
     indent: str
-    source: str  # "roformer.modeling_roformer.RoFormerSelfOutput.forward"
+    source: str  # "modeling_roformer.RoFormerSelfOutput.forward"
     renames: str | None
 
     def __str__(self) -> str:
@@ -106,14 +105,14 @@ def find_copies(path: Path, text: str | None = None) -> list[Copy]:
 
 
 def source_text(module: str) -> str:
-    """The text of `posformers.<module>` ("roformer.modeling_roformer") from the models folder."""
-    return (MODELS_DIR / (module.replace(".", "/") + ".py")).read_text()
+    """The text of `posformers.<module>` ("modeling_roformer") from the models folder."""
+    return (MODELS_DIR / f"{module}.py").read_text()
 
 
 def check_copy(copy: Copy, copy_text: str) -> str | None:
     """None if the copy under the marker equals its source after the renames, else a description of the drift."""
-    folder, module, qualified = copy.source.split(".", 2)
-    source = find_definition(source_text(f"{folder}.{module}"), qualified)
+    module, qualified = copy.source.split(".", 1)
+    source = find_definition(source_text(module), qualified)
     source_indent = len(source) - len(source.lstrip())
     expected = "\n".join(copy.indent + line[source_indent:] if line.strip() else line for line in source.split("\n"))
     expected = apply_renames(expected, copy.renames)
@@ -125,12 +124,7 @@ def check_copy(copy: Copy, copy_text: str) -> str | None:
 
 
 def all_copies() -> list[Copy]:
-    return [
-        copy
-        for folder in MODEL_FOLDERS
-        for path in sorted((MODELS_DIR / folder).glob("*.py"))
-        for copy in find_copies(path)
-    ]
+    return [copy for path in sorted(MODELS_DIR.glob("*.py")) for copy in find_copies(path)]
 
 
 COPIES = all_copies()
@@ -143,21 +137,21 @@ def test_marked_copy_equals_its_source(copy):
 
 def test_markers_cover_the_pieces_meant_to_be_shared():
     """The pieces every model repeats are marked in both folders that copy them from RoFormer."""
-    by_folder = {folder: {c.source for c in COPIES if c.path.parent.name == folder} for folder in MODEL_FOLDERS}
+    by_folder = {m: {c.source for c in COPIES if c.path.stem.endswith(f"_{m}")} for m in ("deberta", "littlebird")}
     shared_by_all = [
-        "roformer.modeling_roformer._input_shape",
-        "roformer.modeling_roformer._check_per_token",
-        "roformer.modeling_roformer._check_index_ranges",
-        "roformer.modeling_roformer._maybe_tuple",
-        "roformer.modeling_roformer._num_choices",
-        "roformer.modeling_roformer._flatten_choices",
-        "roformer.modeling_roformer.RoFormerModel.get_input_embeddings",
-        "roformer.modeling_roformer.RoFormerModel.set_input_embeddings",
-        "roformer.modeling_roformer.RoFormerForMaskedLM.get_output_embeddings",
-        "roformer.modeling_roformer.RoFormerForMaskedLM.set_output_embeddings",
-        "roformer.configuration_roformer.check_integer",
-        "roformer.configuration_roformer.check_probability",
-        "roformer.configuration_roformer.RoFormerConfig.from_preset",
+        "modeling_roformer._input_shape",
+        "modeling_roformer._check_per_token",
+        "modeling_roformer._check_index_ranges",
+        "modeling_roformer._maybe_tuple",
+        "modeling_roformer._num_choices",
+        "modeling_roformer._flatten_choices",
+        "modeling_roformer.RoFormerModel.get_input_embeddings",
+        "modeling_roformer.RoFormerModel.set_input_embeddings",
+        "modeling_roformer.RoFormerForMaskedLM.get_output_embeddings",
+        "modeling_roformer.RoFormerForMaskedLM.set_output_embeddings",
+        "configuration_roformer.check_integer",
+        "configuration_roformer.check_probability",
+        "configuration_roformer.RoFormerConfig.from_preset",
     ]
     for folder in ("deberta", "littlebird"):
         missing = [source for source in shared_by_all if source not in by_folder[folder]]
@@ -189,7 +183,7 @@ def test_a_rename_is_part_of_the_check():
 
 def test_a_marker_naming_a_missing_source_fails():
     copy = COPIES[0]
-    ghost = Copy(copy.path, copy.line, copy.indent, "roformer.modeling_roformer.NoSuchPiece", None)
+    ghost = Copy(copy.path, copy.line, copy.indent, "modeling_roformer.NoSuchPiece", None)
     with pytest.raises(LookupError, match="NoSuchPiece"):
         check_copy(ghost, copy.path.read_text())
 

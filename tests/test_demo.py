@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from posformers import demo
-from posformers.demo import DEMO_DATA
+from posformers.finetune import demo
+from posformers.finetune.demo import DEMO_DATA
 from posformers.finetune.errors import BadExamples
 from posformers.finetune.qa_data import load_qa_file
 from posformers.finetune.qa_metrics import normalize_squad
@@ -24,7 +24,7 @@ def test_demo_trains_reloads_classifies_and_answers(tmp_path, capsys):
     assert saved["eval_samples"] == 872  # the whole official dev set
     assert accuracy == pytest.approx(saved["eval_accuracy"], abs=5e-4)
     assert (out / "sst2-roformer" / "model.safetensors").exists()
-    assert "reloaded with AutoModelForSequenceClassification as posformers.roformer" in printed
+    assert "reloaded with AutoModelForSequenceClassification as posformers.modeling_roformer" in printed
     assert len(re.findall(r"-> (positive|negative) \(\d\.\d\d\)", printed)) == 2
 
     em, f1 = (float(x) for x in re.search(r"exact match (\d+\.\d), F1 (\d+\.\d)", printed).groups())

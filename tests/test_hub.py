@@ -23,8 +23,8 @@ from huggingface_hub import ModelCard
 from safetensors import safe_open
 
 import posformers
-from posformers import hub
-from posformers.roformer import AUTO_MAP
+from posformers.configuration_roformer import AUTO_MAP
+from posformers.integrations import hub
 
 HEADS = auto_heads(AUTO_MAP)
 EXPECTED_PIPELINE_TAGS = {
@@ -119,7 +119,7 @@ def test_save_pretrained_writes_safetensors_config_and_code(tmp_dir):
     assert set(config["auto_map"]) == {"AutoConfig", *EXPECTED_PIPELINE_TAGS}
     # The copied code is the package's own, so what trust_remote_code runs is what was tested.
     for name in ("configuration_roformer.py", "modeling_roformer.py"):
-        assert (tmp_dir / name).read_bytes() == (Path(posformers.__file__).parent / "roformer" / name).read_bytes()
+        assert (tmp_dir / name).read_bytes() == (Path(posformers.__file__).parent / name).read_bytes()
     assert "import posformers" not in (tmp_dir / "modeling_roformer.py").read_text()
 
 
@@ -423,7 +423,7 @@ def test_load_from_hub_downloads_from_the_local_server(pushed):
 
 @pytest.mark.slow
 def test_pushed_model_loads_from_hub_as_posformers_class(pushed):
-    assert pushed["steps"]["derived_class"] == "posformers.roformer.modeling_roformer.RoFormerForMaskedLM"
+    assert pushed["steps"]["derived_class"] == "posformers.modeling_roformer.RoFormerForMaskedLM"
 
 
 @pytest.mark.slow

@@ -7,15 +7,15 @@ import torch
 from helpers.data import DATA_DIR
 from helpers.pretrain_corpus import write_corpus
 
-import posformers
+from posformers.finetune.demo import DEMO_DATA
 
 # The models here are tiny: a second intra-op thread gains nothing, and on a busy machine (CI runners, other jobs)
 # its spin-waiting made a 2-second training test take minutes.
 torch.set_num_threads(1)
 
 GLUE_DIR = DATA_DIR / "glue"
-# The real bert-base-uncased vocabulary shipped for the demo (models/demo_data/tokenizer).
-TOKENIZER_DIR = Path(posformers.__file__).resolve().parent / "demo_data" / "tokenizer"
+# The real bert-base-uncased vocabulary shipped for the demo (finetune/demo_data/tokenizer).
+TOKENIZER_DIR = DEMO_DATA / "tokenizer"
 
 # A RoFormer small enough to train in a second on a CPU.
 TINY_ROFORMER = ",".join(

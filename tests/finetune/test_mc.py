@@ -13,13 +13,13 @@ from helpers.data import DATA_DIR
 from helpers.pretrain_corpus import TINY
 from transformers import AutoTokenizer
 
-import posformers
 from posformers.finetune import run_mc
+from posformers.finetune.demo import DEMO_DATA
 from posformers.finetune.mc_data import read_split_files
 
 SWAG = DATA_DIR / "mc" / "swag_sample"
 CSQA = DATA_DIR / "mc" / "commonsenseqa"
-DEMO_QA = Path(posformers.__file__).resolve().parent / "demo_data" / "qa"
+DEMO_QA = DEMO_DATA / "qa"
 NO_DROPOUT = ",hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"
 FAST = ["--learning_rate", "5e-3", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8"]
 

@@ -26,14 +26,12 @@ from transformers import (
     TrainingArguments,
 )
 
-from posformers.deberta import modeling_deberta
+from posformers import modeling_deberta, modeling_littlebird, modeling_roformer
 from posformers.finetune import padding_free, pretrain_data, run_glue, run_pretrain, run_qa
 from posformers.finetune.arguments import RunArguments
 from posformers.finetune.errors import ArgumentError
 from posformers.finetune.padding_free import FlatteningCollator, flatten_batch, plan_padding_free
 from posformers.finetune.pretrain_data import MaskingCollator, train_tokenizer
-from posformers.littlebird import modeling_littlebird
-from posformers.roformer import modeling_roformer
 
 # Dropout off: the two layouts draw dropout masks of different shapes.
 NO_DROPOUT = ",hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"

@@ -14,7 +14,8 @@ from helpers import python_env, run_python
 from helpers.pretrain_corpus import TINY, eval_history
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from posformers.deberta import DebertaConfig, DebertaForMaskedLM, modeling_deberta
+from posformers import modeling_deberta
+from posformers.configuration_deberta import DebertaConfig
 from posformers.finetune import run_pretrain
 from posformers.finetune.pretrain_data import (
     MaskingCollator,
@@ -23,6 +24,7 @@ from posformers.finetune.pretrain_data import (
     pack_corpus,
     train_tokenizer,
 )
+from posformers.modeling_deberta import DebertaForMaskedLM
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +299,7 @@ def test_bad_input_is_refused_with_a_clear_message(corpus, wordpiece, tmp_path, 
 
 def test_distill_from_the_command_line(corpus, wordpiece, tmp_path):
     """--objective distill wires finetune/pretrain_distill.py: a LittleBird student learns a teacher's distributions."""
-    from posformers.roformer import RoFormerConfig, RoFormerForMaskedLM
+    from posformers import RoFormerConfig, RoFormerForMaskedLM
 
     torch.manual_seed(0)
     # a teacher with confident (far from uniform) predictions, so there is something to learn

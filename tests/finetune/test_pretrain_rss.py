@@ -17,8 +17,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoTokenizer
 
 from posformers import LittleBirdForQuestionSpanSelection, RoFormerForQuestionSpanSelection
+from posformers.configuration_roformer import RoFormerConfig
 from posformers.finetune import run_pretrain, run_qa
 from posformers.finetune.arguments import ModelArguments
+from posformers.finetune.demo import DEMO_DATA
 from posformers.finetune.errors import DataError
 from posformers.finetune.loading import load_config
 from posformers.finetune.padding_free import FlatteningCollator
@@ -35,7 +37,7 @@ from posformers.finetune.pretrain_rss import (
     piece_texts,
     token_kinds,
 )
-from posformers.roformer import RoFormerConfig, RoFormerForMaskedLM
+from posformers.modeling_roformer import RoFormerForMaskedLM
 
 # SQuAD v1.1 dev's first paragraph ("Super Bowl 50 was an American football game ..."), bert-base-uncased tokens.
 # Checked by hand: every n-gram of whole words that occurs twice, minus stopword-only and punctuation n-grams, chosen
@@ -52,7 +54,7 @@ SUPER_BOWL_GROUPS = {
     "numerals": 2,  # three word pieces: "nu ##meral ##s", one whole word
     "50": 2,  # "Super Bowl 50", "Arabic numerals 50" ("50th" is another token)
 }
-DEMO_QA = Path(run_qa.__file__).resolve().parents[1] / "models" / "demo_data" / "qa"
+DEMO_QA = DEMO_DATA / "qa"
 # Recurring but never a span: stopwords only, punctuation, a word piece, a part of a longer group.
 NOT_SPANS = ("the", "of the", "was", "in the", "as", ",", "(", ".", "football", "national", "bowl")
 

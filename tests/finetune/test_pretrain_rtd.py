@@ -14,7 +14,7 @@ from helpers.pretrain_corpus import SST2_TRAIN, TINY, eval_history
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
 
-from posformers.deberta import DebertaConfig
+from posformers.configuration_deberta import DebertaConfig
 from posformers.finetune import run_glue, run_pretrain
 from posformers.finetune.errors import ArgumentError
 from posformers.finetune.pretrain_data import MaskingCollator, pack_batch, train_tokenizer

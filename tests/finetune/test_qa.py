@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, BertTokenizerFast
 
 from posformers.finetune import run_qa
+from posformers.finetune.demo import DEMO_DATA
 from posformers.finetune.errors import BadExamples
 from posformers.finetune.qa_data import load_qa_file
 from posformers.finetune.qa_features import postprocess_predictions, prepare_features
@@ -226,7 +227,7 @@ def covering_span(context: str, start: int, answer: str, offsets) -> str:
 
 @pytest.mark.parametrize("name", ["train.json", "dev.json"])
 def test_demo_data_is_one_long_document_read_in_one_littlebird_window(english_tokenizer, name):
-    demo = Path(run_qa.__file__).resolve().parents[1] / "models" / "demo_data" / "qa"
+    demo = DEMO_DATA / "qa"
     config = AutoConfig.for_model(**json.loads((demo / "littlebird-qa.json").read_text()))
     examples = load_file_examples(demo / name)
     assert len(examples) == 24 and len({e["context"] for e in examples}) == 1
@@ -515,7 +516,7 @@ def test_hub_dataset_offline_is_a_clear_error(workspace, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 
 QUESTION_TOKEN = "[QUESTION]"
-DEMO_QA = Path(run_qa.__file__).resolve().parents[1] / "models" / "demo_data" / "qa"
+DEMO_QA = DEMO_DATA / "qa"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""ONNX export (`posformers.export`, `posformers-export onnx`): every head of the three models, run in onnxruntime at
-lengths other than the traced one, with padding, against the PyTorch model as users run it (padding-free by default)."""
+"""ONNX export (`posformers.integrations.export`, `posformers-export onnx`): every head of the three models, run in
+onnxruntime at lengths other than the traced one, with padding, against the PyTorch model as users run
+it (padding-free by default)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ from helpers.modeling import make_batch, max_diff, tiny_config
 from helpers.remote import auto_heads
 
 import posformers
-from posformers import export
+from posformers.integrations import export
 
 # Lengths the graphs (traced at 13 tokens) are run at: RoFormer beyond its 64 positions; DeBERTa past its 8 buckets and
 # 16 relative positions; LittleBird (blocks of 4) at 2, 6 and 11 blocks.
 SHORT_BUCKETS = dict(position_buckets=8, max_relative_positions=16)
 MODELS = {
-    "roformer": (posformers.RoFormerConfig, posformers.roformer.AUTO_MAP, {}, (6, 90)),
-    "deberta": (posformers.DebertaConfig, posformers.deberta.AUTO_MAP, SHORT_BUCKETS, (6, 40)),
-    "littlebird": (posformers.LittleBirdConfig, posformers.littlebird.AUTO_MAP, {}, (6, 23, 41)),
+    "roformer": (posformers.RoFormerConfig, posformers.configuration_roformer.AUTO_MAP, {}, (6, 90)),
+    "deberta": (posformers.DebertaConfig, posformers.configuration_deberta.AUTO_MAP, SHORT_BUCKETS, (6, 40)),
+    "littlebird": (posformers.LittleBirdConfig, posformers.configuration_littlebird.AUTO_MAP, {}, (6, 23, 41)),
 }
 HEADS = [(family, name) for family, (_, auto_map, _, _) in MODELS.items() for name in auto_heads(auto_map).values()]
 TOLERANCE = 1e-4

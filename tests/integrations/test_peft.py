@@ -10,7 +10,7 @@ from helpers.modeling import max_diff, tiny_config
 from peft import LoraConfig, PeftModel, TaskType
 
 import posformers
-from posformers.peft import TARGET_MODULES, get_peft_model, head_modules, target_modules
+from posformers.integrations.peft import TARGET_MODULES, get_peft_model, head_modules, target_modules
 
 # The bert-base-uncased vocabulary the SST-2 sentences are tokenized with.
 VOCAB_SIZE = 30522

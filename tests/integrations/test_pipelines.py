@@ -4,7 +4,7 @@ padding and label handling are checked too). Real text: SST-2 sentences, SQuAD v
 the bert-base-uncased vocabulary.
 
 transformers 5 has no "question-answering" pipeline any more; posformers registers "extractive-question-answering"
-(posformers.pipelines), and a LittleBird model reads a 4,000-token SQuAD article in one window there.
+(posformers.integrations.pipelines), and a LittleBird model reads a 4,000-token SQuAD article in one window there.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from helpers.data import DATA_DIR
 from helpers.modeling import tiny_config
 
 import posformers
-from posformers import pipelines
+from posformers.integrations import pipelines
 
 TOKENIZER = transformers.BertTokenizer.from_pretrained(DATA_DIR / "vocab" / "bert-base-uncased")
 MODELS = {

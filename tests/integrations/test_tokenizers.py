@@ -230,6 +230,7 @@ for name in ARGS["blocked"]:
     sys.modules[name] = None  # `import name` fails and importlib.util.find_spec(name) says it is not installed
 import transformers
 from transformers.utils import is_protobuf_available, is_sentencepiece_available
+from posformers.finetune.demo import DEMO_DATA
 
 result = {"sentencepiece": is_sentencepiece_available(), "protobuf": is_protobuf_available(), "jobs": {}}
 texts = json.loads(open(ARGS["texts"], encoding="utf-8").read())
@@ -375,8 +376,9 @@ def test_word_level_roformer_without_rjieba_splits_words_into_characters(loaded_
 def test_posformers_glue_output_carries_a_tokenizer_json(tmp_path):
     """A script output from a tokenizer folder that has only vocab.txt: the fine-tuned folder has tokenizer.json."""
     from posformers.finetune import run_glue
+    from posformers.finetune.demo import DEMO_DATA
 
-    source = Path(posformers.__file__).resolve().parent / "demo_data" / "tokenizer"
+    source = DEMO_DATA / "tokenizer"
     assert not (source / "tokenizer.json").exists()
     model = ["--model_type", "posformers-roformer", "--tokenizer_name", str(source)]
     model += ["--config_overrides", "hidden_size=16,num_hidden_layers=1,num_attention_heads=2,intermediate_size=16"]

@@ -36,8 +36,8 @@ from posformers import (
     DebertaForTokenClassification,
     DebertaModel,
 )
-from posformers.deberta import AUTO_MAP, LEGACY_MLM_KEY_MAPPING, PRESETS, log_bucket_position, relative_positions
-from posformers.deberta.configuration_deberta import OFFICIAL_DEFAULTS
+from posformers.configuration_deberta import AUTO_MAP, OFFICIAL_DEFAULTS, PRESETS
+from posformers.modeling_deberta import LEGACY_MLM_KEY_MAPPING, log_bucket_position, relative_positions
 
 TINY = tiny_fields(DebertaConfig.model_type)
 TOL = 1e-5

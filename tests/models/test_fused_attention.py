@@ -15,8 +15,9 @@ import torch
 import torch.nn.attention.flex_attention as torch_flex
 from helpers.modeling import make_batch, max_diff, tiny_config
 
-from posformers.deberta import DebertaConfig, DebertaForMaskedLM, DebertaForReplacedTokenDetection, DebertaModel
-from posformers.deberta import modeling_deberta as deberta
+from posformers import modeling_deberta as deberta
+from posformers.configuration_deberta import DebertaConfig
+from posformers.modeling_deberta import DebertaForMaskedLM, DebertaForReplacedTokenDetection, DebertaModel
 
 pytestmark = pytest.mark.slow  # FlexAttention compiles through inductor on CPU: seconds per new shape
 

@@ -27,13 +27,13 @@ from posformers import (
     LittleBirdForSequenceClassification,
     LittleBirdForTokenClassification,
     LittleBirdModel,
+    modeling_littlebird,
 )
-from posformers.littlebird import (
-    AUTO_MAP,
+from posformers.configuration_littlebird import AUTO_MAP
+from posformers.modeling_littlebird import (
     BlockSparseLayout,
     alibi_slopes,
     bialibi_distances,
-    modeling_littlebird,
     unpack_sliding_window_attention,
     window_key_blocks,
 )
@@ -655,7 +655,9 @@ def test_save_load_round_trip_and_auto_classes(tmp_path):
 def test_auto_classes_build_littlebird_heads(auto_name):
     assert transformers.CONFIG_MAPPING["littlebird"] is LittleBirdConfig
     model = getattr(transformers, auto_name).from_config(tiny_config(LittleBirdConfig))
-    assert type(model).__name__ == HEADS[auto_name] and type(model).__module__.startswith("posformers.littlebird")
+    assert type(model).__name__ == HEADS[auto_name] and type(model).__module__.startswith(
+        "posformers.modeling_littlebird"
+    )
     assert getattr(posformers, HEADS[auto_name]) is type(model)
 
 

@@ -19,8 +19,9 @@ import torch
 import torch.nn.attention.flex_attention as torch_flex
 from helpers.modeling import max_diff, tiny_config
 
-from posformers.littlebird import LittleBirdConfig, LittleBirdModel
-from posformers.littlebird import modeling_littlebird as littlebird
+from posformers import modeling_littlebird as littlebird
+from posformers.configuration_littlebird import LittleBirdConfig
+from posformers.modeling_littlebird import LittleBirdModel
 
 pytestmark = pytest.mark.slow  # the inference test compiles FlexAttention through inductor on CPU (~10-20 s)
 

@@ -13,8 +13,14 @@ import pytest
 import torch
 from helpers.modeling import tiny_config
 
-from posformers.littlebird import BlockSparseLayout, LittleBirdConfig, LittleBirdForMaskedLM, modeling_littlebird
-from posformers.littlebird.modeling_littlebird import attention_dropout_keep, unpack_sliding_window_attention
+from posformers import modeling_littlebird
+from posformers.configuration_littlebird import LittleBirdConfig
+from posformers.modeling_littlebird import (
+    BlockSparseLayout,
+    LittleBirdForMaskedLM,
+    attention_dropout_keep,
+    unpack_sliding_window_attention,
+)
 
 TOLERANCE = 1e-5
 HEADS, HEAD_DIM = 3, 8

@@ -9,15 +9,15 @@ import pytest
 import torch
 from transformers import DataCollatorWithFlattening, PreTrainedModel
 
-from posformers.littlebird import (
-    LittleBirdConfig,
+from posformers import modeling_littlebird
+from posformers.configuration_littlebird import LittleBirdConfig
+from posformers.modeling_littlebird import (
     LittleBirdForMaskedLM,
     LittleBirdForMultipleChoice,
     LittleBirdForQuestionAnswering,
     LittleBirdForSequenceClassification,
     LittleBirdForTokenClassification,
     LittleBirdModel,
-    modeling_littlebird,
 )
 from tests.helpers.modeling import check_activation_checkpointing, max_diff, tiny_config
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posformers.roformer import modeling_roformer
-from posformers.roformer.modeling_roformer import (
+from posformers import modeling_roformer
+from posformers.modeling_roformer import (
     attention_groups,
     grouped_attention,
     is_right_padded,

@@ -548,7 +548,7 @@ def test_set_attn_implementation_switches_the_kernel(monkeypatch):
     """Regression: transformers guesses from a module's source whether its attention kernel can be switched, and
     guessed wrong for DeBERTa, so `set_attn_implementation` only warned and every pass stayed on sdpa (the eager and
     flex_attention comparisons above and in test_deberta.py compared sdpa with itself)."""
-    import posformers.deberta.modeling_deberta as modeling
+    import posformers.modeling_deberta as modeling
 
     calls = []
     eager = modeling.eager_attention

@@ -41,9 +41,9 @@ from posformers import (
     LittleBirdForSequenceClassification,
     LittleBirdForTokenClassification,
     LittleBirdModel,
+    modeling_littlebird,
 )
-from posformers.littlebird import modeling_littlebird
-from posformers.littlebird.configuration_littlebird import QA_HEADS, UNPAD_MODES
+from posformers.configuration_littlebird import QA_HEADS, UNPAD_MODES
 
 TOL = 1e-9
 DTYPES = (torch.float32, torch.float64)

@@ -27,7 +27,8 @@ from helpers.properties import examples, one_thread  # noqa: F401 (one_thread: a
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posformers.roformer import RoFormerConfig, RoFormerForCausalLM, RoFormerForMaskedLM, RoFormerModel
+from posformers.configuration_roformer import RoFormerConfig
+from posformers.modeling_roformer import RoFormerForCausalLM, RoFormerForMaskedLM, RoFormerModel
 
 TOLERANCE = 1e-4
 

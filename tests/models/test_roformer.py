@@ -33,7 +33,7 @@ from posformers import (
     RoFormerModel,
     convert_rope_layout,
 )
-from posformers.roformer.modeling_roformer import rope_inverse_frequencies
+from posformers.modeling_roformer import rope_inverse_frequencies
 
 TINY = tiny_fields(RoFormerConfig.model_type)
 TOL = 1e-5

@@ -25,8 +25,8 @@ from posformers import (
     RoFormerForSequenceClassification,
     RoFormerForTokenClassification,
     RoFormerModel,
+    modeling_roformer,
 )
-from posformers.roformer import modeling_roformer
 
 TOLERANCE = 1e-5
 HEADS = {

@@ -4,13 +4,13 @@ PEFT picks default LoRA targets by `model_type` from a table that does not know 
 `posformers-deberta` or `littlebird`, and it has no public API to add to that table. So name the targets:
 
     from peft import LoraConfig, get_peft_model
-    from posformers.peft import target_modules
+    from posformers.integrations.peft import target_modules
 
     model = get_peft_model(model, LoraConfig(r=8, target_modules=target_modules(model)))           # query and value
     model = get_peft_model(model, LoraConfig(r=8, target_modules=target_modules(model, "all-linear")))
 
-`posformers.peft.get_peft_model` is peft's, except that a config without `target_modules` stops with one line
-naming the modules to pass instead of peft's generic "Please specify `target_modules`".
+`posformers.integrations.peft.get_peft_model` is peft's, except that a config without `target_modules` stops with one
+line naming the modules to pass instead of peft's generic "Please specify `target_modules`".
 
 Every model calls its projection modules (never their `.weight`), so a LoRA, DoRA or quantized linear placed on any
 of them takes part in the forward pass, and `merge_and_unload()` gives the adapted model's outputs. This module
@@ -98,9 +98,10 @@ def get_peft_model(model: nn.Module, peft_config: peft.PeftConfig, **kwargs):
     if model_type in TARGET_MODULES and missing:
         raise ValueError(
             f"{type(peft_config).__name__}.target_modules is missing and peft has no default for model_type "
-            f"{model_type!r}: pass target_modules=posformers.peft.target_modules(model) (the query and value "
-            f"projections: {TARGET_MODULES[model_type]['attention']}), target_modules=posformers.peft.target_modules("
-            f"model, 'all-linear') (every encoder linear), or module names of your own"
+            f"{model_type!r}: pass target_modules=posformers.integrations.peft.target_modules(model) (the query and "
+            f"value projections: {TARGET_MODULES[model_type]['attention']}), "
+            f"target_modules=posformers.integrations.peft.target_modules(model, 'all-linear') (every encoder linear), "
+            f"or module names of your own"
         )
     return peft.get_peft_model(model, peft_config, **kwargs)
 

@@ -37,7 +37,7 @@ PRESETS = {
 }
 
 
-# Copied from posformers.roformer.configuration_roformer.check_integer
+# Copied from posformers.configuration_roformer.check_integer
 def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None:
     """`config.<name>` must be an integer (not a bool) of at least `minimum`; the error names the field."""
     value = getattr(config, name)
@@ -46,7 +46,7 @@ def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None
         raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
 
 
-# Copied from posformers.roformer.configuration_roformer.check_probability
+# Copied from posformers.configuration_roformer.check_probability
 def check_probability(config: PreTrainedConfig, name: str) -> None:
     """`config.<name>` (a dropout probability) must be a number in [0, 1)."""
     value = getattr(config, name)
@@ -54,7 +54,7 @@ def check_probability(config: PreTrainedConfig, name: str) -> None:
         raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
 
 
-# Copied from posformers.roformer.configuration_roformer.check_span_selection_fields
+# Copied from posformers.configuration_roformer.check_span_selection_fields
 def check_span_selection_fields(config: PreTrainedConfig) -> None:
     """`config.question_token_id` must be None or a row of the word embeddings, `config.qa_head` one of QA_HEADS."""
     token = config.question_token_id
@@ -69,7 +69,7 @@ def check_span_selection_fields(config: PreTrainedConfig) -> None:
         raise ValueError(f"{type(config).__name__}.qa_head must be one of {QA_HEADS}, got {config.qa_head!r}")
 
 
-# Copied from posformers.roformer.configuration_roformer.check_pad_token_id
+# Copied from posformers.configuration_roformer.check_pad_token_id
 def check_pad_token_id(config: PreTrainedConfig) -> None:
     """`config.pad_token_id` must be None or a row of the word embeddings (an integer, not a bool)."""
     token = config.pad_token_id
@@ -92,7 +92,7 @@ def check_finite_number(config: PreTrainedConfig, name: str, positive: bool = Fa
         raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
 
 
-# Copied from posformers.roformer.configuration_roformer.config_file_error
+# Copied from posformers.configuration_roformer.config_file_error
 def config_file_error(name_or_path, kwargs: dict, error: Exception) -> Exception:
     """`error`, raised reading the config.json of `name_or_path` (a folder, a file or a Hub repo), as a ValueError
     whose message starts with the file: who loads a checkpoint knows its folder, not the config class's fields."""
@@ -182,7 +182,7 @@ class LittleBirdConfig(PreTrainedConfig):
         self.validate_fields()
         self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
 
-    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_pretrained
+    # Copied from posformers.configuration_roformer.RoFormerConfig.from_pretrained
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """transformers' `from_pretrained`; a config.json this config refuses (a field of the wrong type or value, an
@@ -192,7 +192,7 @@ class LittleBirdConfig(PreTrainedConfig):
         except (ValueError, TypeError) as error:
             raise config_file_error(pretrained_model_name_or_path, kwargs, error) from None
 
-    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_dict
+    # Copied from posformers.configuration_roformer.RoFormerConfig.from_dict
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
         """transformers' `from_dict`, refusing a model_type that transformers does not know. The Auto classes pass
@@ -209,7 +209,7 @@ class LittleBirdConfig(PreTrainedConfig):
                 raise
             raise config_file_error(kwargs["name_or_path"], kwargs, error) from None
 
-    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_preset with RoFormer->LittleBird
+    # Copied from posformers.configuration_roformer.RoFormerConfig.from_preset with RoFormer->LittleBird
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "LittleBirdConfig":
         """A config of one of the sizes in `PRESETS`, with optional overrides."""
@@ -217,7 +217,7 @@ class LittleBirdConfig(PreTrainedConfig):
             raise ValueError(f"Unknown preset {name!r} for {cls.__name__}; choose one of {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
 
-    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.head_dim
+    # Copied from posformers.configuration_roformer.RoFormerConfig.head_dim
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads

@@ -4,7 +4,7 @@ Every head of the three models exports with dynamic batch and sequence axes (and
 choice): one graph serves any batch size and length, RoFormer beyond `max_position_embeddings` (the rotary tables are
 computed in the graph), DeBERTa beyond its relative-position bucket range, LittleBird at any number of blocks.
 
-    from posformers.export import to_onnx
+    from posformers.integrations.export import to_onnx
     onnx_file = to_onnx("path/to/model", "path/to/onnx")      # or a loaded posformers model
     # onnxruntime.InferenceSession(str(onnx_file)).run(None, {"input_ids": ..., "attention_mask": ..., ...})
 

@@ -2,7 +2,8 @@
 AutoModelForSequenceClassification and classify two sentences; then answer questions about a long document with a
 small LittleBird through posformers-qa. Offline, on a CPU, on data shipped in posformers/demo_data.
 
-    python -m posformers.demo [--output-dir demo_output/finetune] [--epochs 2] [--train-samples 30000] [--skip-qa]
+    python -m posformers.finetune.demo [--output-dir demo_output/finetune] [--epochs 2] [--train-samples 30000] \
+        [--skip-qa]
 
 The SST-2 part trains a 2-layer, 128-wide RoFormer (4.2M parameters, 3.9M of them the 30,522-word embedding
 table) on 30,000 real SST-2 training rows for 2 epochs and scores it on the 872 official dev sentences. What it reaches,

@@ -51,7 +51,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_littlebird import LittleBirdConfig
-from .loading_littlebird import check_loaded_dtypes, explain_load_error
+from .loading import check_loaded_dtypes, explain_load_error
 
 logger = logging.get_logger(__name__)
 
@@ -535,7 +535,7 @@ FLEX_MIN_TILE = {"cpu": 1}
 FLEX_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-# Copied from posformers.deberta.modeling_deberta.flex_attention_available
+# Copied from posformers.modeling_deberta.flex_attention_available
 def flex_attention_available() -> bool:
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
@@ -544,7 +544,7 @@ def flex_attention_available() -> bool:
     return True
 
 
-# Copied from posformers.deberta.modeling_deberta.compiled_flex_attention
+# Copied from posformers.modeling_deberta.compiled_flex_attention
 @functools.cache
 def compiled_flex_attention(device_type: str) -> Callable[..., torch.Tensor]:
     """flex_attention compiled once per process and device type (uncompiled it runs a dense reference
@@ -556,7 +556,7 @@ def compiled_flex_attention(device_type: str) -> Callable[..., torch.Tensor]:
     return torch.compile(flex_attention, dynamic=False if device_type == "cpu" else None)
 
 
-# Copied from posformers.deberta.modeling_deberta.flex_attention_kernel
+# Copied from posformers.modeling_deberta.flex_attention_kernel
 def flex_attention_kernel(device_type: str) -> Callable[..., torch.Tensor]:
     """The compiled kernel, or the plain function inside a graph that is being compiled (it compiles with it)."""
     if is_torchdynamo_compiling():
@@ -696,7 +696,7 @@ def fused_unpack_sliding_window_attention(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-# Copied from posformers.roformer.modeling_roformer.PackedBatch
+# Copied from posformers.modeling_roformer.PackedBatch
 @dataclass
 class PackedBatch:
     """Where the N real tokens of a batch live, for running a model on (1, N, ...) tensors instead of (B, L, ...).
@@ -777,7 +777,7 @@ class PackedBatch:
         return cache[multiple_of]
 
 
-# Copied from posformers.roformer.modeling_roformer.AttentionGroup
+# Copied from posformers.modeling_roformer.AttentionGroup
 @dataclass
 class AttentionGroup:
     """Sequences of similar length attended together as a padded (rows, width) batch.
@@ -806,7 +806,7 @@ GROUP_OVERHEAD = {"cpu": 4096}
 GROUP_OVERHEAD_ACCELERATOR = 262144
 
 
-# Copied from posformers.roformer.modeling_roformer.attention_groups
+# Copied from posformers.modeling_roformer.attention_groups
 def attention_groups(packing: PackedBatch, multiple_of: int = 1) -> list[AttentionGroup]:
     """Split the non-empty sequences into length groups (sorted by length, cut where the cost model says padding to
     one width wastes more than another group costs) and index each group's padded layout. Widths are rounded up to
@@ -848,7 +848,7 @@ def attention_groups(packing: PackedBatch, multiple_of: int = 1) -> list[Attenti
     return groups
 
 
-# Copied from posformers.roformer.modeling_roformer.grouped_attention
+# Copied from posformers.modeling_roformer.grouped_attention
 def grouped_attention(
     packing: PackedBatch,
     attend: Callable[..., torch.Tensor],
@@ -878,7 +878,7 @@ def grouped_attention(
     return output.index_select(0, inverse)[None]
 
 
-# Copied from posformers.roformer.modeling_roformer.pack_padded
+# Copied from posformers.modeling_roformer.pack_padded
 def pack_padded(attention_mask: torch.Tensor) -> PackedBatch:
     """The packing of a right-padded batch from its (B, L) attention mask (1 = real token). The caller checks that the
     mask is right-padded (`is_right_padded`)."""
@@ -889,14 +889,14 @@ def pack_padded(attention_mask: torch.Tensor) -> PackedBatch:
     return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths.tolist(), width=mask.shape[1])
 
 
-# Copied from posformers.roformer.modeling_roformer.is_right_padded
+# Copied from posformers.modeling_roformer.is_right_padded
 def is_right_padded(attention_mask: torch.Tensor) -> bool:
     """Whether every row of a (B, L) mask is real tokens followed by padding only (no left padding, no holes)."""
     mask = attention_mask.bool()
     return bool((mask[:, 1:] <= mask[:, :-1]).all())
 
 
-# Copied from posformers.roformer.modeling_roformer.flattened_restarts
+# Copied from posformers.modeling_roformer.flattened_restarts
 def flattened_restarts(position_ids: torch.Tensor | None, input_rows: int) -> bool:
     """Whether the input is a flattened batch: one row whose position_ids restart at 0 after its first token (a 0
     that does not follow -1: positions counting up through 0, as shifted ones may, are one sequence)."""
@@ -909,7 +909,7 @@ def flattened_restarts(position_ids: torch.Tensor | None, input_rows: int) -> bo
     )
 
 
-# Copied from posformers.roformer.modeling_roformer.pack_flattened
+# Copied from posformers.modeling_roformer.pack_flattened
 def pack_flattened(position_ids: torch.Tensor, attention_mask=None, cu_seq_lens=None) -> PackedBatch:
     """The packing of a flattened batch from its (1, N) position_ids, which must count 0, 1, 2, ... within every
     sequence. An attention mask, if given, must be all ones, and `cu_seq_lens` (cu_seq_lens_q/k) must agree."""
@@ -943,7 +943,7 @@ def pack_flattened(position_ids: torch.Tensor, attention_mask=None, cu_seq_lens=
     return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths, width=width, flattened=True)
 
 
-# Copied from posformers.roformer.modeling_roformer.plan_packing
+# Copied from posformers.modeling_roformer.plan_packing
 def plan_packing(
     config,
     shape: tuple[int, int],
@@ -1048,7 +1048,7 @@ class LittleBirdEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.pack_embeddings = nn.Parameter(torch.empty(config.pack_length, config.hidden_size))
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerEmbeddings.forward
+    # Copied from posformers.modeling_roformer.RoFormerEmbeddings.forward
     def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
@@ -1205,7 +1205,7 @@ class LittleBirdSelfAttention(nn.Module):
 
 
 # The output projection exists so that a BERT/RoBERTa self-attention maps onto USWAttn one to one [choice].
-# Copied from posformers.deberta.modeling_deberta.DebertaSelfOutput with Deberta->LittleBird
+# Copied from posformers.modeling_deberta.DebertaSelfOutput with Deberta->LittleBird
 class LittleBirdSelfOutput(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
@@ -1213,7 +1213,7 @@ class LittleBirdSelfOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerSelfOutput.forward
+    # Copied from posformers.modeling_roformer.RoFormerSelfOutput.forward
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
@@ -1234,19 +1234,19 @@ class LittleBirdAttention(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-# Copied from posformers.deberta.modeling_deberta.DebertaIntermediate with Deberta->LittleBird
+# Copied from posformers.modeling_deberta.DebertaIntermediate with Deberta->LittleBird
 class LittleBirdIntermediate(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerIntermediate.forward
+    # Copied from posformers.modeling_roformer.RoFormerIntermediate.forward
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.intermediate_act_fn(self.dense(hidden_states))
 
 
-# Copied from posformers.deberta.modeling_deberta.DebertaOutput with Deberta->LittleBird
+# Copied from posformers.modeling_deberta.DebertaOutput with Deberta->LittleBird
 class LittleBirdOutput(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
@@ -1254,7 +1254,7 @@ class LittleBirdOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerOutput.forward
+    # Copied from posformers.modeling_roformer.RoFormerOutput.forward
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
@@ -1437,7 +1437,7 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
     # loading ignores it. Every other layer still has one, so only the last layer's can be unexpected.
     _keys_to_ignore_on_load_unexpected = [r"encoder\.layer\.\d+\.pack_attention\.LayerNorm\.(weight|bias)$"]
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerPreTrainedModel.from_pretrained
+    # Copied from posformers.modeling_roformer.RoFormerPreTrainedModel.from_pretrained
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """transformers' `from_pretrained`; weights that are not what they claim (a truncated or corrupted safetensors
@@ -1489,7 +1489,7 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-# Copied from posformers.roformer.modeling_roformer._input_shape
+# Copied from posformers.modeling_roformer._input_shape
 def _input_shape(input_ids, inputs_embeds, embedding_size: int) -> tuple[int, int]:
     """(batch, seq_len) of exactly one of input_ids (B, L) or inputs_embeds (B, L, width); else a clear error."""
     if (input_ids is None) == (inputs_embeds is None):
@@ -1513,7 +1513,7 @@ def _input_shape(input_ids, inputs_embeds, embedding_size: int) -> tuple[int, in
     return shape
 
 
-# Copied from posformers.roformer.modeling_roformer._check_per_token
+# Copied from posformers.modeling_roformer._check_per_token
 def _check_per_token(name: str, tensor: torch.Tensor | None, shape: tuple[int, int]) -> None:
     """A per-token input (token_type_ids, position_ids) must have shape (batch or 1, seq_len)."""
     if tensor is not None and (
@@ -1522,7 +1522,7 @@ def _check_per_token(name: str, tensor: torch.Tensor | None, shape: tuple[int, i
         raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the input has shape {shape}")
 
 
-# Copied from posformers.roformer.modeling_roformer._check_index_ranges
+# Copied from posformers.modeling_roformer._check_index_ranges
 def _check_index_ranges(checks) -> None:
     """Each `(name, ids or None, size)` of `checks` must hold indices in [0, size). Not while compiling: reading the
     values back is a data-dependent branch."""
@@ -1536,7 +1536,7 @@ def _check_index_ranges(checks) -> None:
             raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
 
 
-# Copied from posformers.roformer.modeling_roformer._check_input_types
+# Copied from posformers.modeling_roformer._check_input_types
 def _check_input_types(inputs: dict, dtype: torch.dtype) -> None:
     """Every given input (`inputs`: the forward arguments by name) is a tensor; ids (input_ids, token_type_ids,
     position_ids) are torch.long or torch.int, what embeddings and the rotary tables index with; inputs_embeds have
@@ -1594,11 +1594,11 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         self.encoder = LittleBirdEncoder(config)
         self.post_init()
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerModel.get_input_embeddings
+    # Copied from posformers.modeling_roformer.RoFormerModel.get_input_embeddings
     def get_input_embeddings(self):
         return self.embeddings.word_embeddings
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerModel.set_input_embeddings
+    # Copied from posformers.modeling_roformer.RoFormerModel.set_input_embeddings
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
@@ -1705,14 +1705,14 @@ def _check_token_positions(position_ids: torch.Tensor, shape: tuple[int, int]) -
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-# Copied from posformers.roformer.modeling_roformer._maybe_tuple
+# Copied from posformers.modeling_roformer._maybe_tuple
 def _maybe_tuple(output, return_dict, config):
     """The head's `ModelOutput`, or its tuple when `return_dict` (else `config.return_dict`) is off."""
     return_dict = return_dict if return_dict is not None else config.return_dict
     return output if return_dict else output.to_tuple()
 
 
-# Copied from posformers.roformer.modeling_roformer._num_choices
+# Copied from posformers.modeling_roformer._num_choices
 def _num_choices(head: nn.Module, input_ids, inputs_embeds) -> int:
     """The choice dimension of a multiple-choice input, or a clear error for an input without one."""
     reference = input_ids if input_ids is not None else inputs_embeds
@@ -1724,13 +1724,13 @@ def _num_choices(head: nn.Module, input_ids, inputs_embeds) -> int:
     return reference.shape[1]
 
 
-# Copied from posformers.roformer.modeling_roformer._flatten_choices
+# Copied from posformers.modeling_roformer._flatten_choices
 def _flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor | None:
     """(B, C, ...) -> (B * C, ...), a tensor of `dims` dimensions with the choices folded into the batch."""
     return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
 
 
-# Copied from posformers.roformer.modeling_roformer.run_on_real_tokens
+# Copied from posformers.modeling_roformer.run_on_real_tokens
 def run_on_real_tokens(head: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor, packing):
     """A token-level head on the real tokens only when the pass was packed: pack -> head -> unpack, zeros at padded
     positions (their labels are -100, so the loss is unchanged). hidden_states: the base model's
@@ -1740,7 +1740,7 @@ def run_on_real_tokens(head: Callable[[torch.Tensor], torch.Tensor], hidden_stat
     return packing.unpack(head(packing.pack(hidden_states)))
 
 
-# Copied from posformers.roformer.modeling_roformer.first_token_states
+# Copied from posformers.modeling_roformer.first_token_states
 def first_token_states(hidden_states: torch.Tensor, packing) -> torch.Tensor:
     """Each sequence's first token, what sequence-level heads read: (B, L, d) -> (B, d) for a padded batch,
     (1, N, d) -> (num_sequences, d) for a flattened one."""
@@ -1749,7 +1749,7 @@ def first_token_states(hidden_states: torch.Tensor, packing) -> torch.Tensor:
     return hidden_states[:, 0]
 
 
-# Copied from posformers.roformer.modeling_roformer.span_logits
+# Copied from posformers.modeling_roformer.span_logits
 def span_logits(qa_outputs: nn.Module, hidden_states: torch.Tensor, attention_mask, packing):
     """Start and end logits of an extractive-QA head, `torch.finfo(dtype).min` wherever there is no real token, so
     padding never wins an argmax and the loss does not depend on padding.
@@ -1770,7 +1770,7 @@ def span_logits(qa_outputs: nn.Module, hidden_states: torch.Tensor, attention_ma
     return start_logits, end_logits
 
 
-# Copied from posformers.roformer.modeling_roformer.refuse_flattened
+# Copied from posformers.modeling_roformer.refuse_flattened
 def refuse_flattened(head: nn.Module, position_ids, attention_mask, kwargs: dict) -> None:
     """A head that cannot take a flattened batch (one row, position_ids restarting at 0 per sequence, no padding)
     says so. Restarting position_ids with padding in the mask are a padded row's (`generate` numbers a left-padded
@@ -1785,7 +1785,7 @@ def refuse_flattened(head: nn.Module, position_ids, attention_mask, kwargs: dict
         )
 
 
-# Copied from posformers.roformer.modeling_roformer.sequence_grid
+# Copied from posformers.modeling_roformer.sequence_grid
 def sequence_grid(tensor: torch.Tensor, packing, fill: float = 0.0) -> torch.Tensor:
     """A per-token tensor in its (sequences, width, ...) layout: a padded batch's (B, L, ...) as it is, a flattened
     batch's (1, N, ...) unpacked to one row per sequence with `fill` past each sequence's end."""
@@ -1794,7 +1794,7 @@ def sequence_grid(tensor: torch.Tensor, packing, fill: float = 0.0) -> torch.Ten
     return tensor
 
 
-# Copied from posformers.roformer.modeling_roformer.real_token_mask
+# Copied from posformers.modeling_roformer.real_token_mask
 def real_token_mask(attention_mask, packing) -> torch.Tensor | None:
     """(sequences, width) bool, True at real tokens, for a 2D attention_mask or a flattened batch; else None (a 4D or
     no mask: every position counts)."""
@@ -1806,7 +1806,7 @@ def real_token_mask(attention_mask, packing) -> torch.Tensor | None:
     return None
 
 
-# Copied from posformers.roformer.modeling_roformer.find_questions
+# Copied from posformers.modeling_roformer.find_questions
 def find_questions(input_ids: torch.Tensor, question_token_id: int, packing) -> torch.Tensor:
     """(sequences, Q) long: the position of every `question_token_id` token in each sequence, left-aligned, -1 where
     a sequence holds fewer than Q, the most any holds. input_ids: (B, L), or (1, N) for a flattened batch."""
@@ -1819,7 +1819,7 @@ def find_questions(input_ids: torch.Tensor, question_token_id: int, packing) -> 
     return positions.masked_fill(positions == width, -1)
 
 
-# Copied from posformers.roformer.modeling_roformer._off_tokens
+# Copied from posformers.modeling_roformer._off_tokens
 def _off_tokens(positions: torch.Tensor, real: torch.Tensor | None, width: int) -> torch.Tensor:
     """Where `positions` (sequences, Q) miss the real tokens of their sequence: outside [0, width) or on padding."""
     inside = (positions >= 0) & (positions < width)
@@ -1828,7 +1828,7 @@ def _off_tokens(positions: torch.Tensor, real: torch.Tensor | None, width: int) 
     return ~inside
 
 
-# Copied from posformers.roformer.modeling_roformer._check_span_selection
+# Copied from posformers.modeling_roformer._check_span_selection
 def _check_span_selection(question_positions, start_positions, end_positions, real, shape) -> None:
     """question_positions (sequences, Q): a real token or -1; start/end_positions: given together, of the same shape,
     on real tokens wherever the question is asked. Values are not read while compiling."""
@@ -1870,7 +1870,7 @@ def _check_span_selection(question_positions, start_positions, end_positions, re
             )
 
 
-# Copied from posformers.roformer.modeling_roformer.question_span_logits
+# Copied from posformers.modeling_roformer.question_span_logits
 def question_span_logits(qass: nn.Module, hidden_states: torch.Tensor, question_positions, attention_mask, packing):
     """Start and end logits (sequences, Q, width) of the span each question token points at, `torch.finfo(dtype).min`
     wherever there is no real token and on the rows of absent questions (question_positions -1).
@@ -1892,7 +1892,7 @@ def question_span_logits(qass: nn.Module, hidden_states: torch.Tensor, question_
     return start_logits.masked_fill(blocked, lowest), end_logits.masked_fill(blocked, lowest)
 
 
-# Copied from posformers.roformer.modeling_roformer.span_selection_loss
+# Copied from posformers.modeling_roformer.span_selection_loss
 def span_selection_loss(start_logits, end_logits, start_positions, end_positions, question_positions) -> torch.Tensor:
     """Mean over the asked questions (question_positions >= 0) of (CE(start) + CE(end)) / 2; logits (sequences, Q,
     width). A batch without a question gives 0, still attached to the graph."""
@@ -1902,7 +1902,7 @@ def span_selection_loss(start_logits, end_logits, start_positions, end_positions
     return (start_loss + end_loss) / 2 / asked.sum().clamp_min(1)
 
 
-# Copied from posformers.roformer.modeling_roformer.single_question_logits
+# Copied from posformers.modeling_roformer.single_question_logits
 def single_question_logits(qass: nn.Module, config, input_ids, hidden_states, attention_mask, packing):
     """Extractive QA from the span-selection head (`qa_head="span_selection"`): each sequence's one [QUESTION] token
     (`config.question_token_id`, placed after the question as Splinter does) points at the answer. Returns start and
@@ -1935,7 +1935,7 @@ class LittleBirdPredictionHeadTransform(nn.Module):
         self.transform_act_fn = ACT2FN[config.hidden_act]
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerPredictionHeadTransform.forward
+    # Copied from posformers.modeling_roformer.RoFormerPredictionHeadTransform.forward
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
 
@@ -1953,7 +1953,7 @@ class LittleBirdLMPredictionHead(nn.Module):
         return self.decoder(self.transform(hidden_states))
 
 
-# Copied from posformers.roformer.modeling_roformer.RoFormerOnlyMLMHead with RoFormer->LittleBird
+# Copied from posformers.modeling_roformer.RoFormerOnlyMLMHead with RoFormer->LittleBird
 class LittleBirdOnlyMLMHead(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
@@ -1975,11 +1975,11 @@ class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
         self.cls = LittleBirdOnlyMLMHead(config)
         self.post_init()
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerForMaskedLM.get_output_embeddings
+    # Copied from posformers.modeling_roformer.RoFormerForMaskedLM.get_output_embeddings
     def get_output_embeddings(self):
         return self.cls.predictions.decoder
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerForMaskedLM.set_output_embeddings
+    # Copied from posformers.modeling_roformer.RoFormerForMaskedLM.set_output_embeddings
     def set_output_embeddings(self, new_embeddings):
         self.cls.predictions.decoder = new_embeddings
         if new_embeddings.bias is not None:
@@ -2123,7 +2123,7 @@ class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
 
 
 class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
-    # Copied from posformers.roformer.modeling_roformer.RoFormerForTokenClassification.__init__ with RoFormer->LittleBird all-casing  # noqa: E501
+    # Copied from posformers.modeling_roformer.RoFormerForTokenClassification.__init__ with RoFormer->LittleBird all-casing  # noqa: E501
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
@@ -2168,7 +2168,7 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
         return _maybe_tuple(result, return_dict, self.config)
 
 
-# Copied from posformers.roformer.modeling_roformer.SpanSelectionTransform with RoFormer->LittleBird
+# Copied from posformers.modeling_roformer.SpanSelectionTransform with RoFormer->LittleBird
 class SpanSelectionTransform(nn.Module):
     """Dense, activation, LayerNorm: one of the four token transforms of the question-aware span-selection head."""
 
@@ -2182,7 +2182,7 @@ class SpanSelectionTransform(nn.Module):
         return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
 
 
-# Copied from posformers.roformer.modeling_roformer.QuestionAwareSpanSelectionHead with RoFormer->LittleBird
+# Copied from posformers.modeling_roformer.QuestionAwareSpanSelectionHead with RoFormer->LittleBird
 class QuestionAwareSpanSelectionHead(nn.Module):
     """Question-aware span selection (QASS; Ram et al. 2021, "Few-Shot Question Answering by Pretraining Span
     Selection", sec. 3.2, the head of Splinter): a question token q asks where its answer starts and ends, and a token
@@ -2225,7 +2225,7 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
     example's one `config.question_token_id` token.
     """
 
-    # Copied from posformers.roformer.modeling_roformer.RoFormerForQuestionAnswering.__init__ with RoFormer->LittleBird all-casing  # noqa: E501
+    # Copied from posformers.modeling_roformer.RoFormerForQuestionAnswering.__init__ with RoFormer->LittleBird all-casing  # noqa: E501
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
         self.littlebird = LittleBirdModel(config)
@@ -2281,7 +2281,7 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
         return _maybe_tuple(result, return_dict, self.config)
 
 
-# Copied from posformers.roformer.modeling_roformer.RoFormerForQuestionSpanSelection with RoFormer->LittleBird all-casing  # noqa: E501
+# Copied from posformers.modeling_roformer.RoFormerForQuestionSpanSelection with RoFormer->LittleBird all-casing
 class LittleBirdForQuestionSpanSelection(LittleBirdPreTrainedModel):
     """Question-aware span selection (Splinter's QASS head), the model of recurring span selection pre-training: each
     [QUESTION] token of a passage points at the start and end of its answer span.

@@ -3,13 +3,13 @@
 transformers 5 removed its "question-answering" pipeline (`pipeline("question-answering")` raises before any
 registry is consulted), so posformers brings one, registered under a name transformers does not reserve:
 
-    import posformers.pipelines  # registers "extractive-question-answering"
+    import posformers.integrations.pipelines  # registers "extractive-question-answering"
     qa = transformers.pipeline("extractive-question-answering", model="path/to/littlebird-qa")
     qa(question="Who won Super Bowl 50?", context=document)   # {"answer", "score", "start", "end"}
 
-or `posformers.pipelines.QuestionAnsweringPipeline(model=model, tokenizer=tokenizer)`. It windows and decodes exactly
-as `posformers-qa` evaluates (`posformers.finetune.qa_features`: the same windows, n-best spans, SQuAD v2's null
-answer), so a pipeline answer is the script's answer.
+or `posformers.integrations.pipelines.QuestionAnsweringPipeline(model=model, tokenizer=tokenizer)`. It windows and
+decodes exactly as `posformers-qa` evaluates (`posformers.finetune.qa_features`: the same windows, n-best spans,
+SQuAD v2's null answer), so a pipeline answer is the script's answer.
 
 The window length, in this order: the `max_seq_len` argument; else, for a model without a position limit (LittleBird:
 its config has no `max_position_embeddings`), the whole document in one window; else the tokenizer's

@@ -188,7 +188,7 @@ def parse_norm_rel_ebd(value) -> list[str]:
     return [entry.strip().lower() for entry in str(value or "none").split("|") if entry.strip()]
 
 
-# Copied from posformers.roformer.configuration_roformer.check_integer
+# Copied from posformers.configuration_roformer.check_integer
 def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None:
     """`config.<name>` must be an integer (not a bool) of at least `minimum`; the error names the field."""
     value = getattr(config, name)
@@ -197,7 +197,7 @@ def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None
         raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
 
 
-# Copied from posformers.roformer.configuration_roformer.check_probability
+# Copied from posformers.configuration_roformer.check_probability
 def check_probability(config: PreTrainedConfig, name: str) -> None:
     """`config.<name>` (a dropout probability) must be a number in [0, 1)."""
     value = getattr(config, name)
@@ -205,7 +205,7 @@ def check_probability(config: PreTrainedConfig, name: str) -> None:
         raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
 
 
-# Copied from posformers.roformer.configuration_roformer.check_span_selection_fields
+# Copied from posformers.configuration_roformer.check_span_selection_fields
 def check_span_selection_fields(config: PreTrainedConfig) -> None:
     """`config.question_token_id` must be None or a row of the word embeddings, `config.qa_head` one of QA_HEADS."""
     token = config.question_token_id
@@ -220,7 +220,7 @@ def check_span_selection_fields(config: PreTrainedConfig) -> None:
         raise ValueError(f"{type(config).__name__}.qa_head must be one of {QA_HEADS}, got {config.qa_head!r}")
 
 
-# Copied from posformers.roformer.configuration_roformer.check_pad_token_id
+# Copied from posformers.configuration_roformer.check_pad_token_id
 def check_pad_token_id(config: PreTrainedConfig) -> None:
     """`config.pad_token_id` must be None or a row of the word embeddings (an integer, not a bool)."""
     token = config.pad_token_id
@@ -233,7 +233,7 @@ def check_pad_token_id(config: PreTrainedConfig) -> None:
         )
 
 
-# Copied from posformers.roformer.configuration_roformer.config_file_error
+# Copied from posformers.configuration_roformer.config_file_error
 def config_file_error(name_or_path, kwargs: dict, error: Exception) -> Exception:
     """`error`, raised reading the config.json of `name_or_path` (a folder, a file or a Hub repo), as a ValueError
     whose message starts with the file: who loads a checkpoint knows its folder, not the config class's fields."""
@@ -371,7 +371,7 @@ class DebertaConfig(PreTrainedConfig):
                 config_dict["pos_att_type"] = []
         return config_dict, kwargs
 
-    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_pretrained
+    # Copied from posformers.configuration_roformer.RoFormerConfig.from_pretrained
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """transformers' `from_pretrained`; a config.json this config refuses (a field of the wrong type or value, an
@@ -381,7 +381,7 @@ class DebertaConfig(PreTrainedConfig):
         except (ValueError, TypeError) as error:
             raise config_file_error(pretrained_model_name_or_path, kwargs, error) from None
 
-    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_dict
+    # Copied from posformers.configuration_roformer.RoFormerConfig.from_dict
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
         """transformers' `from_dict`, refusing a model_type that transformers does not know. The Auto classes pass
@@ -398,7 +398,7 @@ class DebertaConfig(PreTrainedConfig):
                 raise
             raise config_file_error(kwargs["name_or_path"], kwargs, error) from None
 
-    # Copied from posformers.roformer.configuration_roformer.RoFormerConfig.from_preset with RoFormer->Deberta
+    # Copied from posformers.configuration_roformer.RoFormerConfig.from_preset with RoFormer->Deberta
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "DebertaConfig":
         """A config of one of the sizes in `PRESETS`, with optional overrides."""

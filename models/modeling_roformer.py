@@ -37,7 +37,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_roformer import RoFormerConfig
-from .loading_roformer import check_loaded_dtypes, explain_load_error
+from .loading import check_loaded_dtypes, explain_load_error
 
 logger = logging.get_logger(__name__)
 

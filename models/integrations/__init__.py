@@ -1,0 +1,1 @@
+"""posformers beyond the models: the Hub, ONNX export, pipelines and PEFT."""
