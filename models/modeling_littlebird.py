@@ -27,9 +27,7 @@ encoder, pre-trained base, base model, heads. This file imports only torch, tran
 `configuration_littlebird.py`: `save_pretrained` copies both to the Hub for `trust_remote_code` users.
 """
 
-import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -50,8 +48,27 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import is_torchdynamo_compiling, logging
 
+from .attention import FLEX_BACKWARD_DEVICES, FUSED_IMPLEMENTATIONS, flex_attention_available, flex_attention_kernel
 from .configuration_littlebird import LittleBirdConfig
+from .heads import (
+    QuestionAwareSpanSelectionHead,
+    check_span_selection,
+    count_choices,
+    find_questions,
+    first_token_states,
+    flatten_choices,
+    maybe_tuple,
+    question_span_logits,
+    real_token_mask,
+    refuse_flattened,
+    run_on_real_tokens,
+    single_question_logits,
+    span_logits,
+    span_selection_loss,
+)
+from .inputs import check_index_ranges, check_input_types, check_per_token, input_shape
 from .loading import check_loaded_dtypes, explain_load_error
+from .packing import PackedBatch, grouped_attention, plan_packing
 
 logger = logging.get_logger(__name__)
 
@@ -516,14 +533,6 @@ def unpack_sliding_window_attention(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-# "posformers_fused" and "flex_attention" both run it. The block mask lists, per query block, its pack blocks and its
-# window blocks at LittleBird's own block size, and the BiALiBi bias is computed per (query, key) pair in a score_mod
-# from the slopes, so that neither a (B, H, L, w) bias nor scores outlive the kernel; gradients reach alpha, beta and
-# gamma through FlexAttention's support for tensors captured by a score_mod.
-FUSED_IMPLEMENTATIONS = ("posformers_fused", "flex_attention")
-# FlexAttention has a backward only where torch generates its kernels with Triton; on CPU (torch 2.13) it has a
-# forward only, so a training pass there runs `LeanUnpackSlidingWindow` instead.
-FLEX_BACKWARD_DEVICES = ("cuda", "xpu", "hpu")
 # The smallest tile of the block mask: every default configuration of FlexAttention's CUDA kernels divides 128, and some
 # (H100 with d_h = 64) do not divide LittleBird-base's 64-token blocks.
 FLEX_BLOCK_SIZE = 128
@@ -533,37 +542,6 @@ FLEX_BLOCK_SIZE = 128
 FLEX_MIN_TILE = {"cpu": 1}
 # FlexAttention's CPU kernel takes these dtypes only (torch 2.13: a float64 model failed inside inductor's lowering).
 FLEX_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-# Copied from posformers.modeling_deberta.flex_attention_available
-def flex_attention_available() -> bool:
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-# Copied from posformers.modeling_deberta.compiled_flex_attention
-@functools.cache
-def compiled_flex_attention(device_type: str) -> Callable[..., torch.Tensor]:
-    """flex_attention compiled once per process and device type (uncompiled it runs a dense reference
-    implementation). On CPU with static shapes: inductor's CPU template fails to build the kernel once a new length
-    makes the shapes dynamic (torch 2.13: undeclared `cur_qSplitSize` in the generated C++), so each length compiles
-    its own; elsewhere shapes turn dynamic after the first new length, as torch.compile does by default."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False if device_type == "cpu" else None)
-
-
-# Copied from posformers.modeling_deberta.flex_attention_kernel
-def flex_attention_kernel(device_type: str) -> Callable[..., torch.Tensor]:
-    """The compiled kernel, or the plain function inside a graph that is being compiled (it compiles with it)."""
-    if is_torchdynamo_compiling():
-        from torch.nn.attention.flex_attention import flex_attention
-
-        return flex_attention
-    return compiled_flex_attention(device_type)
 
 
 def block_lists(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -694,298 +672,6 @@ def fused_unpack_sliding_window_attention(
 # ---------------------------------------------------------------------------------------------------------------------
 # Padding-free execution: the dense layers on the real tokens as one (1, N) row, the attention per example
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-# Copied from posformers.modeling_roformer.PackedBatch
-@dataclass
-class PackedBatch:
-    """Where the N real tokens of a batch live, for running a model on (1, N, ...) tensors instead of (B, L, ...).
-
-    Two inputs give one: a padded batch with a right-padded 2D attention mask (`pack_padded`), or a flattened batch in
-    transformers' padding-free format, one row whose `position_ids` restart at 0 for every sequence (`pack_flattened`,
-    as `DataCollatorWithFlattening` builds it). Either way the packed row holds the sequences one after another, and
-    `indices` says where each token sits in the `(rows, width)` grid of the padded layout.
-
-    indices: (N,) long, flat position `row * width + column` of every real token in the grid.
-    cu_seqlens: (rows + 1,) int32, where each sequence starts in the packed row (flash-attention's varlen layout).
-    lengths: the rows' lengths as Python ints (0 for a row that is all padding).
-    flattened: the input came flattened, so outputs stay (1, N, ...) instead of going back to (rows, width, ...).
-    """
-
-    indices: torch.Tensor
-    cu_seqlens: torch.Tensor
-    lengths: list[int]
-    width: int
-    flattened: bool = False
-
-    @property
-    def rows(self) -> int:
-        return len(self.lengths)
-
-    @property
-    def max_seqlen(self) -> int:
-        return max(self.lengths)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.indices.shape[0])
-
-    def position_ids(self) -> torch.Tensor:
-        """(1, N) position of every token within its own sequence: 0, 1, 2, ... restarting per sequence."""
-        return (self.indices % self.width)[None]
-
-    def varlen_kwargs(self) -> dict:
-        """The keyword arguments transformers' flash-attention integration reads for a packed (1, N) batch."""
-        return {
-            "cu_seq_lens_q": self.cu_seqlens,
-            "cu_seq_lens_k": self.cu_seqlens,
-            "max_length_q": self.max_seqlen,
-            "max_length_k": self.max_seqlen,
-        }
-
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        """(rows, width, ...) grid -> (1, N, ...) real tokens. A flattened batch's tensors are already packed."""
-        if self.flattened:
-            return tensor
-        return tensor.flatten(0, 1).index_select(0, self.indices)[None]
-
-    def unpack(self, tensor: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-        """(1, N, ...) -> (rows, width, ...), `fill` at padded positions (differentiable)."""
-        grid = tensor.new_full((self.rows * self.width, *tensor.shape[2:]), fill)
-        return grid.index_copy(0, self.indices, tensor[0]).view(self.rows, self.width, *tensor.shape[2:])
-
-    def restore(self, tensor: torch.Tensor) -> torch.Tensor:
-        """(1, N, ...) -> the layout the input came in: (1, N, ...) for a flattened batch, else the padded grid with
-        zeros at padded positions."""
-        return tensor if self.flattened else self.unpack(tensor)
-
-    def first_tokens(self, tensor: torch.Tensor) -> torch.Tensor:
-        """(1, N, ...) -> (rows, ...): each sequence's first token; zeros for a row that is all padding."""
-        starts = self.cu_seqlens[:-1].long().clamp_max(max(self.num_tokens - 1, 0))
-        first = tensor[0].index_select(0, starts)
-        if 0 in self.lengths:
-            empty = torch.tensor([n == 0 for n in self.lengths], device=tensor.device)
-            first = first.masked_fill(empty.view(-1, *[1] * (first.dim() - 1)), 0.0)
-        return first
-
-    def groups(self, multiple_of: int = 1) -> list["AttentionGroup"]:
-        """The sequences in groups of similar length, each to be attended as a (group rows, group width) padded batch;
-        cached per `multiple_of`."""
-        cache = self.__dict__.setdefault("_groups", {})
-        if multiple_of not in cache:
-            cache[multiple_of] = attention_groups(self, multiple_of)
-        return cache[multiple_of]
-
-
-# Copied from posformers.modeling_roformer.AttentionGroup
-@dataclass
-class AttentionGroup:
-    """Sequences of similar length attended together as a padded (rows, width) batch.
-
-    gather: (rows * width,) long, the packed token at each grid slot (padding slots repeat a real token; the key mask
-    hides them and their outputs are dropped).
-    key_mask: (rows, width) bool, True at real tokens.
-    slots: (n,) long, the grid slots of this group's real tokens, in packed order.
-    tokens: (n,) long, the packed positions of those tokens.
-    """
-
-    rows: int
-    width: int
-    gather: torch.Tensor
-    key_mask: torch.Tensor
-    slots: torch.Tensor
-    tokens: torch.Tensor
-
-
-# Cost model of one group for `attention_groups`, in units of one query-key pair: every slot of the padded group costs
-# its width (scores) plus a constant (projections into and out of the group), and each group a fixed overhead (kernel
-# launches, gathers): small on a CPU, where a pair costs tens of nanoseconds, large on a GPU, where a launch costs
-# what ~10^5 pairs do. Only the split depends on it; any split gives the same outputs.
-GROUP_SLOT_COST = 64
-GROUP_OVERHEAD = {"cpu": 4096}
-GROUP_OVERHEAD_ACCELERATOR = 262144
-
-
-# Copied from posformers.modeling_roformer.attention_groups
-def attention_groups(packing: PackedBatch, multiple_of: int = 1) -> list[AttentionGroup]:
-    """Split the non-empty sequences into length groups (sorted by length, cut where the cost model says padding to
-    one width wastes more than another group costs) and index each group's padded layout. Widths are rounded up to
-    `multiple_of` (a block size)."""
-    device = packing.indices.device
-    overhead = GROUP_OVERHEAD.get(device.type, GROUP_OVERHEAD_ACCELERATOR)
-    order = sorted((i for i, n in enumerate(packing.lengths) if n > 0), key=lambda i: -packing.lengths[i])
-    widths = [-(-packing.lengths[i] // multiple_of) * multiple_of for i in order]
-    # best[j]: cheapest cost of the first j sequences; cut[j]: where its last group starts.
-    best, cut = [0.0] + [math.inf] * len(order), [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):
-        for start in range(end):
-            width = widths[start]
-            cost = best[start] + (end - start) * width * (width + GROUP_SLOT_COST) + overhead
-            if cost < best[end]:
-                best[end], cut[end] = cost, start
-    bounds, end = [], len(order)
-    while end > 0:
-        bounds.append((cut[end], end))
-        end = cut[end]
-    lengths = torch.tensor(packing.lengths, device=device)
-    groups = []
-    for start, end in reversed(bounds):
-        members, width = torch.tensor(order[start:end], device=device), widths[start]
-        columns = torch.arange(width, device=device)
-        key_mask = columns < lengths[members, None]
-        gather = packing.cu_seqlens[members, None].long() + torch.where(key_mask, columns, 0)
-        slots = key_mask.flatten().nonzero().squeeze(-1)
-        groups.append(
-            AttentionGroup(
-                rows=len(members),
-                width=width,
-                gather=gather.flatten(),
-                key_mask=key_mask,
-                slots=slots,
-                tokens=gather.flatten().index_select(0, slots),
-            )
-        )
-    return groups
-
-
-# Copied from posformers.modeling_roformer.grouped_attention
-def grouped_attention(
-    packing: PackedBatch,
-    attend: Callable[..., torch.Tensor],
-    *tensors: torch.Tensor,
-    multiple_of: int = 1,
-) -> torch.Tensor:
-    """Run `attend(group, *padded)` on every length group and put its outputs back in packed order.
-
-    tensors: (1, N, ...) packed; `attend` gets each as a (group.rows, group.width, ...) padded batch, with
-    `group.key_mask`, and returns (group.rows, group.width, ...). Returns (1, N, ...). One group holding every
-    sequence at the batch's own width is exactly the padded computation.
-    """
-    outputs, token_order = [], []
-    for group in packing.groups(multiple_of):
-        padded = [t[0].index_select(0, group.gather).view(group.rows, group.width, *t.shape[2:]) for t in tensors]
-        output = attend(group, *padded)
-        outputs.append(output.flatten(0, 1).index_select(0, group.slots))
-        token_order.append(group.tokens)
-    if not outputs:  # every row is padding
-        return tensors[0].new_zeros((1, 0, *tensors[0].shape[2:]))
-    if len(outputs) == 1:
-        output, tokens = outputs[0], token_order[0]
-    else:
-        output, tokens = torch.cat(outputs), torch.cat(token_order)
-    inverse = torch.empty_like(tokens)
-    inverse[tokens] = torch.arange(tokens.numel(), device=tokens.device)
-    return output.index_select(0, inverse)[None]
-
-
-# Copied from posformers.modeling_roformer.pack_padded
-def pack_padded(attention_mask: torch.Tensor) -> PackedBatch:
-    """The packing of a right-padded batch from its (B, L) attention mask (1 = real token). The caller checks that the
-    mask is right-padded (`is_right_padded`)."""
-    mask = attention_mask.bool()
-    lengths = mask.sum(-1)
-    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-    indices = mask.flatten().nonzero().squeeze(-1)
-    return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths.tolist(), width=mask.shape[1])
-
-
-# Copied from posformers.modeling_roformer.is_right_padded
-def is_right_padded(attention_mask: torch.Tensor) -> bool:
-    """Whether every row of a (B, L) mask is real tokens followed by padding only (no left padding, no holes)."""
-    mask = attention_mask.bool()
-    return bool((mask[:, 1:] <= mask[:, :-1]).all())
-
-
-# Copied from posformers.modeling_roformer.flattened_restarts
-def flattened_restarts(position_ids: torch.Tensor | None, input_rows: int) -> bool:
-    """Whether the input is a flattened batch: one row whose position_ids restart at 0 after its first token (a 0
-    that does not follow -1: positions counting up through 0, as shifted ones may, are one sequence)."""
-    return (
-        position_ids is not None
-        and input_rows == 1
-        and position_ids.dim() == 2
-        and position_ids.shape[1] > 1
-        and bool(((position_ids[0, 1:] == 0) & (position_ids[0, :-1] != -1)).any())
-    )
-
-
-# Copied from posformers.modeling_roformer.pack_flattened
-def pack_flattened(position_ids: torch.Tensor, attention_mask=None, cu_seq_lens=None) -> PackedBatch:
-    """The packing of a flattened batch from its (1, N) position_ids, which must count 0, 1, 2, ... within every
-    sequence. An attention mask, if given, must be all ones, and `cu_seq_lens` (cu_seq_lens_q/k) must agree."""
-    positions = position_ids[0]
-    if attention_mask is not None and not bool(attention_mask.bool().all()):
-        raise ValueError(
-            "position_ids restart at 0 (a flattened batch), but attention_mask marks padding: a flattened batch has "
-            "no padding; pass either a padded batch with attention_mask or a flattened one with position_ids"
-        )
-    starts = (positions == 0).nonzero().squeeze(-1)
-    if starts.numel() == 0 or int(starts[0]) != 0:
-        raise ValueError("position_ids of a flattened batch must start at 0 for its first sequence")
-    sequence = torch.cumsum(positions == 0, 0) - 1
-    expected = torch.arange(positions.numel(), device=positions.device) - starts[sequence]
-    wrong = (positions != expected).nonzero()
-    if wrong.numel():
-        index = int(wrong[0])
-        raise ValueError(
-            f"position_ids of a flattened batch must count 0, 1, 2, ... within each sequence and restart at 0; "
-            f"got {int(positions[index])} at index {index} where {int(expected[index])} was expected"
-        )
-    cu_seqlens = F.pad(starts.to(torch.int32), (0, 1), value=positions.numel())
-    if cu_seq_lens is not None and not torch.equal(cu_seq_lens.to(cu_seqlens), cu_seqlens):
-        raise ValueError(
-            f"cu_seq_lens_q/cu_seq_lens_k {cu_seq_lens.tolist()} contradict the sequence starts in position_ids "
-            f"{cu_seqlens.tolist()}"
-        )
-    lengths = cu_seqlens.diff().tolist()
-    width = max(lengths)
-    indices = sequence * width + positions
-    return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths, width=width, flattened=True)
-
-
-# Copied from posformers.modeling_roformer.plan_packing
-def plan_packing(
-    config,
-    shape: tuple[int, int],
-    attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    cu_seq_lens: torch.Tensor | None = None,
-    blocker: str | None = None,
-    device: torch.device | None = None,
-) -> PackedBatch | None:
-    """How this forward pass runs: a PackedBatch for the padding-free path, or None for the padded one.
-
-    A flattened batch (`position_ids` restarting at 0 in a single row, or `cu_seq_lens_q` given) is always packed: no
-    other reading of it keeps its sequences apart. A padded batch follows `config.unpad_inputs`: "never" keeps the
-    padded path; "auto" packs when the 2D mask holds padding and nothing rules packing out; "always" packs every pass
-    and raises when something does. `blocker` names what in this pass rules it out (a KV cache, output_attentions...).
-    """
-    if cu_seq_lens is not None or flattened_restarts(position_ids, shape[0]):
-        if blocker is not None:
-            raise ValueError(
-                f"position_ids restart at 0 (a flattened batch), which this forward pass cannot take: {blocker}"
-            )
-        if position_ids is None:
-            raise ValueError(
-                "cu_seq_lens_q describes a flattened batch; pass its position_ids too (0, 1, 2, ... per sequence)"
-            )
-        return pack_flattened(position_ids, attention_mask, cu_seq_lens)
-    mode = config.unpad_inputs
-    if mode == "never":
-        return None
-    if attention_mask is not None and attention_mask.dim() != 2:
-        blocker = blocker or "a 4D attention_mask (pass the 2D padding mask to run padding-free)"
-    elif attention_mask is not None and not is_right_padded(attention_mask):
-        blocker = blocker or "attention_mask is not right-padded (left padding or holes); pad on the right"
-    if mode == "always":
-        if blocker is not None:
-            raise ValueError(f"config.unpad_inputs='always' but this forward pass cannot run padding-free: {blocker}")
-        if attention_mask is None:
-            return pack_padded(torch.ones(shape, dtype=torch.bool, device=device))
-        return pack_padded(attention_mask)
-    if blocker is not None or attention_mask is None or bool(attention_mask.bool().all()):
-        return None
-    return pack_padded(attention_mask)
 
 
 @dataclass
@@ -1489,78 +1175,13 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-# Copied from posformers.modeling_roformer._input_shape
-def _input_shape(input_ids, inputs_embeds, embedding_size: int) -> tuple[int, int]:
-    """(batch, seq_len) of exactly one of input_ids (B, L) or inputs_embeds (B, L, width); else a clear error."""
-    if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError(
-            "Pass exactly one of input_ids or inputs_embeds (got both)"
-            if input_ids is not None
-            else "Pass exactly one of input_ids or inputs_embeds (got neither)"
-        )
-    if input_ids is not None:
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
-        shape = tuple(input_ids.shape)
-    else:
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != embedding_size:
-            raise ValueError(
-                f"inputs_embeds must have shape (batch, seq_len, {embedding_size}), got {tuple(inputs_embeds.shape)}"
-            )
-        shape = tuple(inputs_embeds.shape[:2])
-    if shape[1] == 0:
-        raise ValueError("The input sequence is empty (seq_len = 0)")
-    return shape
-
-
-# Copied from posformers.modeling_roformer._check_per_token
-def _check_per_token(name: str, tensor: torch.Tensor | None, shape: tuple[int, int]) -> None:
-    """A per-token input (token_type_ids, position_ids) must have shape (batch or 1, seq_len)."""
-    if tensor is not None and (
-        tensor.dim() != 2 or tensor.shape[1] != shape[1] or tensor.shape[0] not in (1, shape[0])
-    ):
-        raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the input has shape {shape}")
-
-
-# Copied from posformers.modeling_roformer._check_index_ranges
-def _check_index_ranges(checks) -> None:
-    """Each `(name, ids or None, size)` of `checks` must hold indices in [0, size). Not while compiling: reading the
-    values back is a data-dependent branch."""
-    if is_torchdynamo_compiling():
-        return
-    for name, tensor, size in checks:
-        if tensor is None or not tensor.numel():
-            continue
-        low, high = (int(v) for v in torch.aminmax(tensor))  # one pass, one device sync
-        if low < 0 or high >= size:
-            raise ValueError(f"{name} must lie in [0, {size}) for this config, got values in [{low}, {high}]")
-
-
-# Copied from posformers.modeling_roformer._check_input_types
-def _check_input_types(inputs: dict, dtype: torch.dtype) -> None:
-    """Every given input (`inputs`: the forward arguments by name) is a tensor; ids (input_ids, token_type_ids,
-    position_ids) are torch.long or torch.int, what embeddings and the rotary tables index with; inputs_embeds have
-    the model's dtype `dtype` (any floating dtype under autocast, which casts them)."""
-    for name, tensor in inputs.items():
-        if tensor is not None and not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    for name in ("input_ids", "token_type_ids", "position_ids"):
-        ids = inputs[name]
-        if ids is not None and ids.dtype not in (torch.long, torch.int):
-            raise TypeError(f"{name} must hold integers (torch.long or torch.int), got {ids.dtype}")
-    embeds = inputs["inputs_embeds"]
-    autocast = embeds is not None and embeds.is_floating_point() and torch.is_autocast_enabled(embeds.device.type)
-    if embeds is not None and embeds.dtype != dtype and not autocast:
-        raise TypeError(f"inputs_embeds must have the model's dtype {dtype}, got {embeds.dtype}")
-
-
 def _check_inputs(config: LittleBirdConfig, inputs: dict, dtype: torch.dtype):
     """Clear errors for malformed inputs (`inputs`: the forward arguments by name, the model's dtype `dtype`), before
     they reach an index or a reshape deep inside torch."""
-    _check_input_types(inputs, dtype)
+    check_input_types(inputs, dtype)
     input_ids, inputs_embeds = inputs["input_ids"], inputs["inputs_embeds"]
     attention_mask, token_type_ids = inputs["attention_mask"], inputs["token_type_ids"]
-    shape = _input_shape(input_ids, inputs_embeds, config.hidden_size)
+    shape = input_shape(input_ids, inputs_embeds, config.hidden_size)
     if shape[0] == 0:
         raise ValueError(
             f"{'input_ids' if input_ids is not None else 'inputs_embeds'} holds an empty batch (batch = 0)"
@@ -1569,7 +1190,7 @@ def _check_inputs(config: LittleBirdConfig, inputs: dict, dtype: torch.dtype):
         raise ValueError(
             f"attention_mask must have the input's shape (batch, seq_len) = {shape}, got {tuple(attention_mask.shape)}"
         )
-    _check_per_token("token_type_ids", token_type_ids, shape)
+    check_per_token("token_type_ids", token_type_ids, shape)
     if attention_mask is not None and not is_torchdynamo_compiling():
         real = attention_mask.bool()
         if (~real[:, 0] & real.any(-1)).any():
@@ -1579,7 +1200,7 @@ def _check_inputs(config: LittleBirdConfig, inputs: dict, dtype: torch.dtype):
                 "LittleBird needs right-padded input (real tokens first, then padding): the attention_mask has a "
                 "padded first token before real ones. Pad on the right (tokenizer.padding_side = 'right')."
             )
-    _check_index_ranges(
+    check_index_ranges(
         [("input_ids", input_ids, config.vocab_size), ("token_type_ids", token_type_ids, config.type_vocab_size)]
     )
 
@@ -1639,7 +1260,7 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
             position_ids=position_ids,
         )
         _check_inputs(config, inputs, self.embeddings.LayerNorm.weight.dtype)
-        shape = _input_shape(input_ids, inputs_embeds, config.hidden_size)
+        shape = input_shape(input_ids, inputs_embeds, config.hidden_size)
         cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
         cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)
         for name in ("max_length_q", "max_length_k"):
@@ -1690,7 +1311,7 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
 
 def _check_token_positions(position_ids: torch.Tensor, shape: tuple[int, int]) -> None:
     """position_ids outside a flattened batch must be what LittleBird reads anyway: 0, 1, 2, ... in every row."""
-    _check_per_token("position_ids", position_ids, shape)
+    check_per_token("position_ids", position_ids, shape)
     if is_torchdynamo_compiling():
         return
     if not bool((position_ids == torch.arange(shape[1], device=position_ids.device)).all()):
@@ -1703,229 +1324,6 @@ def _check_token_positions(position_ids: torch.Tensor, shape: tuple[int, int]) -
 # ---------------------------------------------------------------------------------------------------------------------
 # Heads
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-# Copied from posformers.modeling_roformer._maybe_tuple
-def _maybe_tuple(output, return_dict, config):
-    """The head's `ModelOutput`, or its tuple when `return_dict` (else `config.return_dict`) is off."""
-    return_dict = return_dict if return_dict is not None else config.return_dict
-    return output if return_dict else output.to_tuple()
-
-
-# Copied from posformers.modeling_roformer._num_choices
-def _num_choices(head: nn.Module, input_ids, inputs_embeds) -> int:
-    """The choice dimension of a multiple-choice input, or a clear error for an input without one."""
-    reference = input_ids if input_ids is not None else inputs_embeds
-    if reference is None or reference.dim() < 3:
-        raise ValueError(
-            f"{type(head).__name__} expects input_ids of shape (batch, num_choices, seq_len) or inputs_embeds of "
-            "shape (batch, num_choices, seq_len, embedding width)"
-        )
-    return reference.shape[1]
-
-
-# Copied from posformers.modeling_roformer._flatten_choices
-def _flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor | None:
-    """(B, C, ...) -> (B * C, ...), a tensor of `dims` dimensions with the choices folded into the batch."""
-    return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
-
-
-# Copied from posformers.modeling_roformer.run_on_real_tokens
-def run_on_real_tokens(head: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor, packing):
-    """A token-level head on the real tokens only when the pass was packed: pack -> head -> unpack, zeros at padded
-    positions (their labels are -100, so the loss is unchanged). hidden_states: the base model's
-    `last_hidden_state`, (B, L, d) or (1, N, d) for a flattened batch; returns the head's output in that layout."""
-    if packing is None or packing.flattened:
-        return head(hidden_states)
-    return packing.unpack(head(packing.pack(hidden_states)))
-
-
-# Copied from posformers.modeling_roformer.first_token_states
-def first_token_states(hidden_states: torch.Tensor, packing) -> torch.Tensor:
-    """Each sequence's first token, what sequence-level heads read: (B, L, d) -> (B, d) for a padded batch,
-    (1, N, d) -> (num_sequences, d) for a flattened one."""
-    if packing is not None and packing.flattened:
-        return packing.first_tokens(hidden_states)
-    return hidden_states[:, 0]
-
-
-# Copied from posformers.modeling_roformer.span_logits
-def span_logits(qa_outputs: nn.Module, hidden_states: torch.Tensor, attention_mask, packing):
-    """Start and end logits of an extractive-QA head, `torch.finfo(dtype).min` wherever there is no real token, so
-    padding never wins an argmax and the loss does not depend on padding.
-
-    hidden_states: the base model's `last_hidden_state`. Padded batch: (B, L) logits, with the 2D attention_mask's
-    padding masked whether or not the pass was packed. Flattened batch: (num_sequences, longest sequence) logits,
-    each sequence's own, filled beyond its length.
-    """
-    if packing is not None:
-        logits = qa_outputs(packing.pack(hidden_states))
-        logits = packing.unpack(logits, fill=torch.finfo(logits.dtype).min)
-    else:
-        logits = qa_outputs(hidden_states)
-        if attention_mask is not None and attention_mask.dim() == 2:
-            padding = ~attention_mask.to(device=logits.device, dtype=torch.bool)
-            logits = logits.masked_fill(padding[..., None], torch.finfo(logits.dtype).min)
-    start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
-    return start_logits, end_logits
-
-
-# Copied from posformers.modeling_roformer.refuse_flattened
-def refuse_flattened(head: nn.Module, position_ids, attention_mask, kwargs: dict) -> None:
-    """A head that cannot take a flattened batch (one row, position_ids restarting at 0 per sequence, no padding)
-    says so. Restarting position_ids with padding in the mask are a padded row's (`generate` numbers a left-padded
-    prompt so)."""
-    # The mask is read only for a one-row batch with position_ids: an exported graph (ONNX) cannot branch on values.
-    one_row = position_ids is not None and position_ids.dim() == 2 and position_ids.shape[0] == 1
-    has_padding = one_row and attention_mask is not None and not bool(attention_mask.bool().all())
-    if kwargs.get("cu_seq_lens_q") is not None or (one_row and not has_padding and flattened_restarts(position_ids, 1)):
-        raise ValueError(
-            f"{type(head).__name__} cannot take a flattened batch (position_ids restarting at 0 within a row); "
-            "pass padded sequences with an attention_mask"
-        )
-
-
-# Copied from posformers.modeling_roformer.sequence_grid
-def sequence_grid(tensor: torch.Tensor, packing, fill: float = 0.0) -> torch.Tensor:
-    """A per-token tensor in its (sequences, width, ...) layout: a padded batch's (B, L, ...) as it is, a flattened
-    batch's (1, N, ...) unpacked to one row per sequence with `fill` past each sequence's end."""
-    if packing is not None and packing.flattened:
-        return packing.unpack(tensor, fill=fill)
-    return tensor
-
-
-# Copied from posformers.modeling_roformer.real_token_mask
-def real_token_mask(attention_mask, packing) -> torch.Tensor | None:
-    """(sequences, width) bool, True at real tokens, for a 2D attention_mask or a flattened batch; else None (a 4D or
-    no mask: every position counts)."""
-    if packing is not None and packing.flattened:
-        ones = torch.ones(1, packing.num_tokens, 1, dtype=torch.bool, device=packing.indices.device)
-        return packing.unpack(ones, fill=False)[..., 0]
-    if attention_mask is not None and attention_mask.dim() == 2:
-        return attention_mask.bool()
-    return None
-
-
-# Copied from posformers.modeling_roformer.find_questions
-def find_questions(input_ids: torch.Tensor, question_token_id: int, packing) -> torch.Tensor:
-    """(sequences, Q) long: the position of every `question_token_id` token in each sequence, left-aligned, -1 where
-    a sequence holds fewer than Q, the most any holds. input_ids: (B, L), or (1, N) for a flattened batch."""
-    ids = sequence_grid(input_ids[..., None], packing, fill=-1)[..., 0]
-    is_question = ids == question_token_id
-    most = int(is_question.sum(-1).max()) if ids.numel() else 0
-    width = ids.shape[1]
-    columns = torch.arange(width, device=ids.device).expand_as(ids)
-    positions = torch.where(is_question, columns, width).sort(-1).values[:, :most]
-    return positions.masked_fill(positions == width, -1)
-
-
-# Copied from posformers.modeling_roformer._off_tokens
-def _off_tokens(positions: torch.Tensor, real: torch.Tensor | None, width: int) -> torch.Tensor:
-    """Where `positions` (sequences, Q) miss the real tokens of their sequence: outside [0, width) or on padding."""
-    inside = (positions >= 0) & (positions < width)
-    if real is not None:
-        inside = inside & real.to(positions.device).gather(1, positions.clamp(0, width - 1))
-    return ~inside
-
-
-# Copied from posformers.modeling_roformer._check_span_selection
-def _check_span_selection(question_positions, start_positions, end_positions, real, shape) -> None:
-    """question_positions (sequences, Q): a real token or -1; start/end_positions: given together, of the same shape,
-    on real tokens wherever the question is asked. Values are not read while compiling."""
-    rows, width = shape
-    named = {
-        "question_positions": question_positions,
-        "start_positions": start_positions,
-        "end_positions": end_positions,
-    }
-    if (start_positions is None) != (end_positions is None):
-        raise ValueError("start_positions and end_positions must be given together")
-    for name, positions in named.items():
-        if positions is None:
-            continue
-        if positions.is_floating_point() or positions.dim() != 2 or positions.shape[0] != rows:
-            raise ValueError(
-                f"{name} must be an integer tensor of shape (batch, num_questions) with batch={rows} (one row per "
-                f"sequence), got {positions.dtype} {tuple(positions.shape)}"
-            )
-        if positions.shape != question_positions.shape:
-            raise ValueError(
-                f"{name} must have the shape of question_positions {tuple(question_positions.shape)}, got "
-                f"{tuple(positions.shape)}"
-            )
-    if is_torchdynamo_compiling():
-        return
-    asked = question_positions >= 0
-    for name, positions in named.items():
-        if positions is None:
-            continue
-        wrong = _off_tokens(positions, real, width) & (
-            question_positions != -1 if positions is question_positions else asked
-        )
-        if bool(wrong.any()):
-            row, column = (int(i) for i in wrong.nonzero()[0])
-            hint = " (-1 marks an absent question)" if positions is question_positions else ""
-            raise ValueError(
-                f"{name}[{row}, {column}] = {int(positions[row, column])} is not a real token of sequence {row}{hint}"
-            )
-
-
-# Copied from posformers.modeling_roformer.question_span_logits
-def question_span_logits(qass: nn.Module, hidden_states: torch.Tensor, question_positions, attention_mask, packing):
-    """Start and end logits (sequences, Q, width) of the span each question token points at, `torch.finfo(dtype).min`
-    wherever there is no real token and on the rows of absent questions (question_positions -1).
-
-    hidden_states: the base model's `last_hidden_state`, (B, L, d), or (1, N, d) for a flattened batch (whose
-    question_positions count within each sequence). On the padding-free path the head's token transforms run on the
-    real tokens only.
-    """
-    states = sequence_grid(hidden_states, packing)  # (sequences, width, d)
-    index = question_positions.to(states.device).clamp_min(0)
-    question_states = states.gather(1, index[..., None].expand(-1, -1, states.shape[-1]))  # (sequences, Q, d)
-    tokens = packing.pack(hidden_states) if packing is not None else hidden_states
-    start_logits, end_logits = qass(tokens, question_states, packing)
-    blocked = (question_positions < 0).to(states.device)[..., None]  # (sequences, Q, 1)
-    real = real_token_mask(attention_mask, packing)
-    if real is not None:
-        blocked = blocked | ~real.to(states.device)[:, None, :]
-    lowest = torch.finfo(start_logits.dtype).min
-    return start_logits.masked_fill(blocked, lowest), end_logits.masked_fill(blocked, lowest)
-
-
-# Copied from posformers.modeling_roformer.span_selection_loss
-def span_selection_loss(start_logits, end_logits, start_positions, end_positions, question_positions) -> torch.Tensor:
-    """Mean over the asked questions (question_positions >= 0) of (CE(start) + CE(end)) / 2; logits (sequences, Q,
-    width). A batch without a question gives 0, still attached to the graph."""
-    asked = (question_positions >= 0).to(start_logits.device)
-    start_loss = F.cross_entropy(start_logits[asked], start_positions.to(asked.device)[asked], reduction="sum")
-    end_loss = F.cross_entropy(end_logits[asked], end_positions.to(asked.device)[asked], reduction="sum")
-    return (start_loss + end_loss) / 2 / asked.sum().clamp_min(1)
-
-
-# Copied from posformers.modeling_roformer.single_question_logits
-def single_question_logits(qass: nn.Module, config, input_ids, hidden_states, attention_mask, packing):
-    """Extractive QA from the span-selection head (`qa_head="span_selection"`): each sequence's one [QUESTION] token
-    (`config.question_token_id`, placed after the question as Splinter does) points at the answer. Returns start and
-    end logits (sequences, width)."""
-    if config.question_token_id is None:
-        raise ValueError(
-            "config.qa_head='span_selection' needs config.question_token_id, the [QUESTION] token placed after "
-            "each question; set it to the token's id"
-        )
-    if input_ids is None:
-        raise ValueError("qa_head='span_selection' finds the [QUESTION] token in input_ids; pass input_ids")
-    question_positions = find_questions(input_ids, config.question_token_id, packing)
-    counts = (question_positions >= 0).sum(-1)
-    if not is_torchdynamo_compiling() and bool((counts != 1).any()):
-        example = int((counts != 1).nonzero()[0])
-        raise ValueError(
-            f"example {example} holds {int(counts[example])} [QUESTION] tokens (id {config.question_token_id}); "
-            "qa_head='span_selection' needs exactly one per example, right after the question"
-        )
-    start_logits, end_logits = question_span_logits(
-        qass, hidden_states, question_positions[:, :1], attention_mask, packing
-    )
-    return start_logits[:, 0], end_logits[:, 0]
 
 
 class LittleBirdPredictionHeadTransform(nn.Module):
@@ -2016,7 +1414,7 @@ class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
         result = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return _maybe_tuple(result, return_dict, self.config)
+        return maybe_tuple(result, return_dict, self.config)
 
 
 class LittleBirdClassificationHead(nn.Module):
@@ -2074,7 +1472,7 @@ class LittleBirdForSequenceClassification(LittleBirdPreTrainedModel):
         result = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return _maybe_tuple(result, return_dict, self.config)
+        return maybe_tuple(result, return_dict, self.config)
 
 
 class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
@@ -2097,10 +1495,10 @@ class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> MultipleChoiceModelOutput | tuple:
-        num_choices = _num_choices(self, input_ids, inputs_embeds)
-        input_ids, attention_mask = _flatten_choices(input_ids), _flatten_choices(attention_mask)
-        token_type_ids, position_ids = _flatten_choices(token_type_ids), _flatten_choices(position_ids)
-        inputs_embeds = _flatten_choices(inputs_embeds, dims=3)
+        num_choices = count_choices(self, input_ids, inputs_embeds)
+        input_ids, attention_mask = flatten_choices(input_ids), flatten_choices(attention_mask)
+        token_type_ids, position_ids = flatten_choices(token_type_ids), flatten_choices(position_ids)
+        inputs_embeds = flatten_choices(inputs_embeds, dims=3)
         refuse_flattened(self, position_ids, attention_mask, kwargs)
         outputs = self.littlebird(
             input_ids,
@@ -2119,7 +1517,7 @@ class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
         result = MultipleChoiceModelOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return _maybe_tuple(result, return_dict, self.config)
+        return maybe_tuple(result, return_dict, self.config)
 
 
 class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
@@ -2165,53 +1563,7 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
         result = TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return _maybe_tuple(result, return_dict, self.config)
-
-
-# Copied from posformers.modeling_roformer.SpanSelectionTransform with RoFormer->LittleBird
-class SpanSelectionTransform(nn.Module):
-    """Dense, activation, LayerNorm: one of the four token transforms of the question-aware span-selection head."""
-
-    def __init__(self, config: LittleBirdConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.transform_act_fn = ACT2FN[config.hidden_act]
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
-
-
-# Copied from posformers.modeling_roformer.QuestionAwareSpanSelectionHead with RoFormer->LittleBird
-class QuestionAwareSpanSelectionHead(nn.Module):
-    """Question-aware span selection (QASS; Ram et al. 2021, "Few-Shot Question Answering by Pretraining Span
-    Selection", sec. 3.2, the head of Splinter): a question token q asks where its answer starts and ends, and a token
-    i answers with
-
-        start(q, i) = s(x_i) . W_s s_q(x_q)        end(q, i) = e(x_i) . W_e e_q(x_q)
-
-    where s, s_q, e, e_q are transforms (dense, activation, LayerNorm) and W_s, W_e bias-free d x d matrices.
-    """
-
-    def __init__(self, config: LittleBirdConfig):
-        super().__init__()
-        self.query_start_transform = SpanSelectionTransform(config)
-        self.query_end_transform = SpanSelectionTransform(config)
-        self.start_transform = SpanSelectionTransform(config)
-        self.end_transform = SpanSelectionTransform(config)
-        self.start_classifier = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-        self.end_classifier = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-
-    def forward(self, token_states: torch.Tensor, question_states: torch.Tensor, packing=None):
-        """token_states: (B, L, d), or the (1, N, d) real tokens of `packing`; question_states: (B, Q, d), B the
-        sequences. Returns start and end scores (B, Q, L) (L: the packing's width), unmasked."""
-        start_tokens = self.start_transform(token_states)
-        end_tokens = self.end_transform(token_states)
-        if packing is not None:
-            start_tokens, end_tokens = packing.unpack(start_tokens), packing.unpack(end_tokens)  # (B, L, d)
-        start_queries = self.start_classifier(self.query_start_transform(question_states))  # (B, Q, d)
-        end_queries = self.end_classifier(self.query_end_transform(question_states))
-        return start_queries @ start_tokens.transpose(1, 2), end_queries @ end_tokens.transpose(1, 2)
+        return maybe_tuple(result, return_dict, self.config)
 
 
 class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
@@ -2278,7 +1630,7 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-        return _maybe_tuple(result, return_dict, self.config)
+        return maybe_tuple(result, return_dict, self.config)
 
 
 # Copied from posformers.modeling_roformer.RoFormerForQuestionSpanSelection with RoFormer->LittleBird all-casing
@@ -2338,7 +1690,7 @@ class LittleBirdForQuestionSpanSelection(LittleBirdPreTrainedModel):
         real = real_token_mask(attention_mask, packing)
         width = packing.width if packing is not None else hidden_states.shape[1]
         rows = packing.rows if packing is not None and packing.flattened else hidden_states.shape[0]
-        _check_span_selection(question_positions, start_positions, end_positions, real, (rows, width))
+        check_span_selection(question_positions, start_positions, end_positions, real, (rows, width))
         start_logits, end_logits = question_span_logits(
             self.qass, hidden_states, question_positions, attention_mask, packing
         )
@@ -2352,7 +1704,7 @@ class LittleBirdForQuestionSpanSelection(LittleBirdPreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-        return _maybe_tuple(result, return_dict, self.config)
+        return maybe_tuple(result, return_dict, self.config)
 
 
 __all__ = [

@@ -13,10 +13,12 @@ applies the lower- and upper-case forms of a rename. A trailing `# noqa: ...` on
 
 import difflib
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from transformers.dynamic_module_utils import get_imports, get_relative_import_files
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 MARKER = re.compile(
@@ -135,27 +137,29 @@ def test_marked_copy_equals_its_source(copy):
     assert check_copy(copy, copy.path.read_text()) is None, check_copy(copy, copy.path.read_text())
 
 
-def test_markers_cover_the_pieces_meant_to_be_shared():
-    """The pieces every model repeats are marked in both folders that copy them from RoFormer."""
-    by_folder = {m: {c.source for c in COPIES if c.path.stem.endswith(f"_{m}")} for m in ("deberta", "littlebird")}
-    shared_by_all = [
-        "modeling_roformer._input_shape",
-        "modeling_roformer._check_per_token",
-        "modeling_roformer._check_index_ranges",
-        "modeling_roformer._maybe_tuple",
-        "modeling_roformer._num_choices",
-        "modeling_roformer._flatten_choices",
-        "modeling_roformer.RoFormerModel.get_input_embeddings",
-        "modeling_roformer.RoFormerModel.set_input_embeddings",
-        "modeling_roformer.RoFormerForMaskedLM.get_output_embeddings",
-        "modeling_roformer.RoFormerForMaskedLM.set_output_embeddings",
-        "configuration_roformer.check_integer",
-        "configuration_roformer.check_probability",
-        "configuration_roformer.RoFormerConfig.from_preset",
-    ]
-    for folder in ("deberta", "littlebird"):
-        missing = [source for source in shared_by_all if source not in by_folder[folder]]
-        assert not missing, f"{folder} does not mark these shared pieces: {missing}"
+REMOTE_CODE_FILES = sorted(MODELS_DIR.glob("modeling_*.py")) + sorted(MODELS_DIR.glob("configuration_*.py"))
+
+
+@pytest.mark.parametrize("path", REMOTE_CODE_FILES, ids=lambda p: p.name)
+def test_remote_code_closure_imports_only_the_standard_library_torch_and_transformers(path):
+    """What save_pretrained copies beside the weights (a file and the closure of its single-dot relative imports, as
+    transformers' custom_object_save collects it) imports nothing a remote-code user may lack."""
+    closure = [path, *map(Path, get_relative_import_files(str(path)))]
+    assert all(p.parent == MODELS_DIR for p in closure), closure
+    outside = {
+        (p.name, name)
+        for p in closure
+        for name in get_imports(str(p))
+        if name not in sys.stdlib_module_names and name not in ("torch", "transformers")
+    }
+    assert not outside, f"{path.name}'s remote-code closure imports {sorted(outside)}"
+
+
+def test_the_closure_check_sees_a_foreign_import(tmp_path):
+    (tmp_path / "modeling_x.py").write_text("from .shared import f\n")
+    (tmp_path / "shared.py").write_text("import numpy\nimport torch\n")
+    closure = get_relative_import_files(str(tmp_path / "modeling_x.py"))
+    assert [Path(p).name for p in closure] == ["shared.py"] and "numpy" in get_imports(closure[0])
 
 
 def test_a_drifted_copy_fails_the_check():
