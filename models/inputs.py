@@ -1,6 +1,8 @@
 """Checks of a forward pass's inputs, shared by the three models: every wrong shape, type or index range stops with one
 line naming the argument, before anything reaches a kernel."""
 
+from collections.abc import Callable
+
 import torch
 from transformers.utils import is_torchdynamo_compiling
 
@@ -64,3 +66,53 @@ def check_input_types(inputs: dict, dtype: torch.dtype) -> None:
     autocast = embeds is not None and embeds.is_floating_point() and torch.is_autocast_enabled(embeds.device.type)
     if embeds is not None and embeds.dtype != dtype and not autocast:
         raise TypeError(f"inputs_embeds must have the model's dtype {dtype}, got {embeds.dtype}")
+
+
+def check_padding_mask(attention_mask: torch.Tensor, shape: tuple[int, int]) -> None:
+    """The default mask check: a (batch, seq_len) padding mask."""
+    if tuple(attention_mask.shape) != shape:
+        raise ValueError(
+            f"attention_mask must have the input's shape (batch, seq_len) = {shape}, got {tuple(attention_mask.shape)}"
+        )
+
+
+def check_inputs(
+    config,
+    inputs: dict,
+    dtype: torch.dtype,
+    *,
+    embedding_size: int,
+    check_mask: Callable[[torch.Tensor, tuple[int, int]], None] = check_padding_mask,
+    position_limit: int | None = None,
+) -> tuple[int, int]:
+    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch; returns the
+    input's (batch, seq_len).
+
+    inputs: the forward arguments by name (input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids);
+    dtype: the model's; embedding_size: the width inputs_embeds must have; check_mask(attention_mask, shape): the
+    model's rule for mask shapes (default: a (batch, seq_len) padding mask); position_limit: the size of an absolute
+    position table the model reads, which position_ids and the length must fit.
+    """
+    check_input_types(inputs, dtype)
+    input_ids, inputs_embeds = inputs["input_ids"], inputs["inputs_embeds"]
+    shape = input_shape(input_ids, inputs_embeds, embedding_size)
+    if shape[0] == 0:
+        raise ValueError(
+            f"{'input_ids' if input_ids is not None else 'inputs_embeds'} holds an empty batch (batch = 0)"
+        )
+    if inputs["attention_mask"] is not None:
+        check_mask(inputs["attention_mask"], shape)
+    check_per_token("token_type_ids", inputs["token_type_ids"], shape)
+    check_per_token("position_ids", inputs["position_ids"], shape)
+    checks = [("input_ids", input_ids, config.vocab_size)]
+    if config.type_vocab_size > 0:
+        checks.append(("token_type_ids", inputs["token_type_ids"], config.type_vocab_size))
+    if position_limit is not None:
+        checks.append(("position_ids", inputs["position_ids"], position_limit))
+        if inputs["position_ids"] is None and shape[1] > position_limit:
+            raise ValueError(
+                f"Input of {shape[1]} tokens is longer than max_position_embeddings={position_limit}, the size of "
+                f"the absolute position table this model reads"
+            )
+    check_index_ranges(checks)
+    return shape

@@ -8,8 +8,9 @@ PackedBatch with `PackedBatch.memo`, so every layer of one pass reuses it.
 """
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ class PackedBatch:
     cu_seqlens: (rows + 1,) int32, where each sequence starts in the packed row (flash-attention's varlen layout).
     lengths: the rows' lengths as Python ints (0 for a row that is all padding).
     flattened: the input came flattened, so outputs stay (1, N, ...) instead of going back to (rows, width, ...).
+    memos: per-pass state built from this packing, see `memo`.
     """
 
     indices: torch.Tensor
@@ -37,6 +39,7 @@ class PackedBatch:
     lengths: list[int]
     width: int
     flattened: bool = False
+    memos: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def rows(self) -> int:
@@ -88,13 +91,17 @@ class PackedBatch:
             first = first.masked_fill(empty.view(-1, *[1] * (first.dim() - 1)), 0.0)
         return first
 
+    def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """`compute()`, run once per packing for `key`: state every layer of a pass shares (length groups, a model's
+        relative-position tables or block layouts) is built by the first layer that needs it."""
+        if key not in self.memos:
+            self.memos[key] = compute()
+        return self.memos[key]
+
     def groups(self, multiple_of: int = 1) -> list["AttentionGroup"]:
-        """The sequences in groups of similar length, each to be attended as a (group rows, group width) padded batch;
-        cached per `multiple_of`."""
-        cache = self.__dict__.setdefault("_groups", {})
-        if multiple_of not in cache:
-            cache[multiple_of] = attention_groups(self, multiple_of)
-        return cache[multiple_of]
+        """The sequences in groups of similar length, each to be attended as a (group rows, group width) padded batch
+        (memoised per `multiple_of`)."""
+        return self.memo(("groups", multiple_of), lambda: attention_groups(self, multiple_of))
 
 
 @dataclass
