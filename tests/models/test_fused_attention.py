@@ -15,6 +15,7 @@ import torch
 import torch.nn.attention.flex_attention as torch_flex
 from helpers.modeling import make_batch, max_diff, tiny_config
 
+from posformers import attention
 from posformers import modeling_deberta as deberta
 from posformers.configuration_deberta import DebertaConfig
 from posformers.modeling_deberta import DebertaForMaskedLM, DebertaForReplacedTokenDetection, DebertaModel
@@ -46,7 +47,7 @@ def flex_trains(monkeypatch, device):
     if device == "cpu":
         monkeypatch.setattr(torch_flex, "_validate_device", lambda *tensors: None)
         monkeypatch.setattr(deberta, "FLEX_BACKWARD_DEVICES", ("cpu",))
-        monkeypatch.setattr(deberta, "compiled_flex_attention", lambda device_type: torch_flex.flex_attention)
+        monkeypatch.setattr(attention, "compiled_flex_attention", lambda device_type: torch_flex.flex_attention)
 
 
 def batch(device: str, layout: str) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.attention.flex_attention as torch_flex
 from helpers.modeling import max_diff, tiny_config
 
+from posformers import attention
 from posformers import modeling_littlebird as littlebird
 from posformers.configuration_littlebird import LittleBirdConfig
 from posformers.modeling_littlebird import LittleBirdModel
@@ -57,7 +58,7 @@ def flex_trains(monkeypatch, device):
     if device == "cpu":
         monkeypatch.setattr(torch_flex, "_validate_device", lambda *tensors: None)
         monkeypatch.setattr(littlebird, "FLEX_BACKWARD_DEVICES", ("cpu",))
-        monkeypatch.setattr(littlebird, "compiled_flex_attention", lambda device_type: torch_flex.flex_attention)
+        monkeypatch.setattr(attention, "compiled_flex_attention", lambda device_type: torch_flex.flex_attention)
 
 
 def block_sparse_refused(monkeypatch):

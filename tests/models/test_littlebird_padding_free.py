@@ -19,6 +19,7 @@ from posformers.modeling_littlebird import (
     LittleBirdForTokenClassification,
     LittleBirdModel,
 )
+from posformers.packing import pack_padded
 from tests.helpers.modeling import check_activation_checkpointing, max_diff, tiny_config
 
 TOLERANCE = 1e-5
@@ -133,7 +134,7 @@ def test_groups_of_different_widths_give_each_example_its_own_rows():
     lengths, width = [2, 41, 3, 1], 45
     input_ids, attention_mask, token_type_ids = padded_batch(lengths, width, seed=3)
     model = tiny_model()
-    packing = modeling_littlebird.pack_padded(attention_mask)
+    packing = pack_padded(attention_mask)
     assert [group.width for group in packing.groups(BLOCK)] == [44, 4]
     outputs = {}
     for mode in ("never", "always"):

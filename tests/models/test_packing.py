@@ -1,5 +1,5 @@
-"""The padding-free core (RoFormer's originals, which DeBERTa and LittleBird copy): packing, length groups, grouped
-attention and the packing decision."""
+"""The padding-free core shared by the three models (posformers/packing.py): packing, length groups, grouped attention
+and the packing decision."""
 
 import types
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posformers import modeling_roformer
-from posformers.modeling_roformer import (
+from posformers import packing as packing_module
+from posformers.packing import (
     attention_groups,
     grouped_attention,
     is_right_padded,
@@ -106,7 +106,7 @@ def test_is_right_padded():
 @pytest.mark.parametrize("overhead", [0, 4096, 10**12])
 @pytest.mark.parametrize("seed", range(4))
 def test_groups_cover_every_token_exactly_once(seed, overhead, multiple_of, monkeypatch):
-    monkeypatch.setattr(modeling_roformer, "GROUP_OVERHEAD", {"cpu": overhead})
+    monkeypatch.setattr(packing_module, "GROUP_OVERHEAD", {"cpu": overhead})
     lengths = random_lengths(seed)
     packing = pack_padded(right_padded_mask(lengths, 23))
     groups = attention_groups(packing, multiple_of)
@@ -140,7 +140,7 @@ def sdpa_attend(group, query, key, value):
 
 @pytest.mark.parametrize("overhead", [0, 10**12], ids=["many-groups", "one-group"])
 def test_grouped_attention_equals_the_padded_computation(overhead, monkeypatch):
-    monkeypatch.setattr(modeling_roformer, "GROUP_OVERHEAD", {"cpu": overhead})
+    monkeypatch.setattr(packing_module, "GROUP_OVERHEAD", {"cpu": overhead})
     lengths, width = [11, 3, 0, 7, 11, 1], 11
     mask = right_padded_mask(lengths, width)
     generator = torch.Generator().manual_seed(0)

@@ -26,6 +26,7 @@ from posformers import (
     RoFormerForTokenClassification,
     RoFormerModel,
     modeling_roformer,
+    packing,
 )
 
 TOLERANCE = 1e-5
@@ -142,7 +143,7 @@ def assert_close(actual: dict, expected: dict, what: str):
 def packing_calls(monkeypatch) -> list:
     """Records every PackedBatch the model plans (None for the padded path)."""
     calls = []
-    plan = modeling_roformer.plan_packing
+    plan = packing.plan_packing
 
     def recording(*args, **kwargs):
         calls.append(plan(*args, **kwargs))
