@@ -309,3 +309,14 @@ def plan_packing(
     if blocker is not None or attention_mask is None or bool(attention_mask.bool().all()):
         return None
     return pack_padded(attention_mask)
+
+
+def zero_padding(states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, L, ...) per-token outputs of the padded path with zeros at padded positions (2D mask: 0 = padding), as the
+    padding-free path leaves them: a row's outputs do not depend on which path its batch took."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return states
+    real = attention_mask.to(device=states.device, dtype=torch.bool).view(
+        *attention_mask.shape, *[1] * (states.dim() - 2)
+    )
+    return states.masked_fill(~real, 0.0)
