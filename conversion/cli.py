@@ -1,4 +1,4 @@
-"""`posformers-convert <family> --from <format> --source PATH --output DIR [options]` (also `python -m
+"""`posformers-convert <family> --from <format> --source PATH_OR_REPO_ID --output_dir DIR [options]` (also `python -m
 posformers.conversion`).
 
 Each family lives in its own module of this package (`FAMILIES`, with the line `posformers-convert --help` shows for
@@ -8,8 +8,8 @@ provides:
     SOURCES: dict[str, type[core.Source]]       `--from` value -> the source class that reads that format; the
                                                 class's `help` describes the format in `--from`'s help
     add_arguments(parser: argparse.ArgumentParser) -> None
-        adds the family's own options; `--from` and the common options (--source, --output, --push-to-hub,
-        --no-verify, --overwrite, --dtype) are already there
+        adds the family's own options; `--from` and the common options (--source, --output_dir, --push_to_hub,
+        --no_verify, --overwrite, --dtype) are already there
 
 The conversion itself is `core.run_conversion(SOURCES[args.source_format](args), args)`, the same for every family.
 `args.command_line` holds the command as typed, for the model card. A `ConversionError` is printed as
@@ -23,7 +23,7 @@ import importlib
 import shlex
 import sys
 
-from posformers.conversion.core import DTYPES, ConversionError, run_conversion
+from posformers.conversion.core import DTYPES, ConversionError, resolve_source, run_conversion
 
 PROG = "posformers-convert"
 # family -> (module, one-line help shown even when the module cannot be imported)
@@ -44,10 +44,21 @@ FAMILIES = {
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--source", required=True, help="checkpoint file, prefix or directory to convert")
-    parser.add_argument("--output", required=True, help="directory to write the posformers model into")
-    parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the written directory to this Hub repo")
-    parser.add_argument("--no-verify", action="store_true", help="skip the comparison with the reference model")
+    # The fine-tuning scripts' spellings (--output_dir, --push_to_hub), with the dashed ones kept as aliases.
+    parser.add_argument(
+        "--source",
+        required=True,
+        help="checkpoint file, prefix or directory to convert, or a Hub repo id (downloaded into the Hub cache)",
+    )
+    parser.add_argument(
+        "--output_dir", "--output", dest="output", required=True, help="directory to write the posformers model into"
+    )
+    parser.add_argument(
+        "--push_to_hub", "--push-to-hub", metavar="REPO_ID", help="upload the written directory to this Hub repo"
+    )
+    parser.add_argument(
+        "--no_verify", "--no-verify", action="store_true", help="skip the comparison with the reference model"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --output directory")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the saved weights")
 
@@ -86,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser(family if family in FAMILIES else None)
         args = parser.parse_args(argv)
         args.command_line = shlex.join([PROG, *argv])
+        args.source, args.source_repo_id = resolve_source(args.source)
         source = _family_module(args.family).SOURCES[args.source_format](args)
         return run_conversion(source, args)
     except ConversionError as error:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import re
 import shutil
@@ -29,12 +30,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+from huggingface_hub.utils import validate_repo_id
 
 from posformers.loading import CheckpointError, safetensors_header
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_INDEX = "pytorch_model.bin.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+# What a Hub `--source` downloads besides the weights: configs, tokenizer files (vocab.txt, merges.txt, spm.model),
+# the model card; weights: safetensors where the repo has them, else pickles or a TF checkpoint (bert_model.ckpt.*).
+HUB_FILES = ("*.json", "*.txt", "*.model", "README.md")
+HUB_PICKLES = [f"*{suffix}" for suffix in PICKLE_SUFFIXES] + ["*.ckpt.*"]
 # Fields of Google BERT's bert_config.json that every BERT-shaped encoder's config has, with the same meaning.
 BERT_ENCODER_FIELDS = (
     "vocab_size",
@@ -164,6 +173,48 @@ def _load_pickle(file: Path) -> dict[str, torch.Tensor]:
     if others := sorted(set(loaded) - set(tensors)):
         log(f"note: {file.name}: ignored non-tensor entries (not weights): {others}")
     return tensors
+
+
+def resolve_source(source: str) -> tuple[str, str | None]:
+    """`--source` as a local path: as given when it exists or is no Hub repo id, else the repo's snapshot in the Hub
+    cache (downloaded when online: configs, tokenizer files, the model card and one format of weights). Returns
+    (path, the repo id or None)."""
+    if Path(source).exists():
+        return source, None
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        return source, None  # a mistyped path: the family says "no such file or directory"
+    try:
+        if hf_constants.HF_HUB_OFFLINE:
+            folder = snapshot_download(source, local_files_only=True)
+        else:
+            files = HfApi().list_repo_files(source)
+            weights = ["*.safetensors"] if any(name.endswith(".safetensors") for name in files) else HUB_PICKLES
+            folder = snapshot_download(source, allow_patterns=[*HUB_FILES, *weights])
+    except LocalEntryNotFoundError as error:
+        raise ConversionError(
+            f"--source {source}: no such local path, and the Hub is offline (HF_HUB_OFFLINE=1) with no cached copy of "
+            "that repo: download it while online, or give a local folder"
+        ) from error
+    except RepositoryNotFoundError as error:
+        raise ConversionError(f"--source {source}: no such local path, nor a Hub repo of that name") from error
+    except (HfHubHTTPError, OSError) as error:
+        first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise ConversionError(
+            f"--source {source}: no such local path; downloading the Hub repo failed: {first_line}"
+        ) from error
+    log(f"--source {source}: the Hub repo, in {folder}")
+    return folder, source
+
+
+def source_license(source: Path, fallback: str | None) -> str:
+    """The license of the source weights: the `license:` of the model card in their folder, else the family's own
+    (`Source.license`), else "unknown"."""
+    from posformers.integrations import hub
+
+    folder = source if source.is_dir() else source.parent
+    return hub.weights_license(folder) or fallback or "unknown"
 
 
 def read_json(path: Path) -> dict:
@@ -417,10 +468,11 @@ def check_output_dir(output_dir: str | Path, overwrite: bool) -> Path:
     """Refuse a non-empty `output_dir` unless `overwrite`; called first, before any work."""
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
-        raise ConversionError(f"--output {output_dir} exists and is not a directory")
+        raise ConversionError(f"--output_dir {output_dir} exists and is not a directory")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
         raise ConversionError(
-            f"--output {output_dir} exists and is not empty; pass --overwrite to replace it (its contents are deleted)"
+            f"--output_dir {output_dir} exists and is not empty; pass --overwrite to replace it (its contents are "
+            "deleted)"
         )
     return output_dir
 
@@ -432,6 +484,7 @@ class OutputInfo:
     source_description: str  # e.g. "ZhuiyiTechnology RoFormer TensorFlow checkpoint /data/.../bert_model.ckpt"
     command_line: str
     base_model: str | None = None  # a Hub repo id the source is known as, for the card metadata
+    license: str = "unknown"  # the source weights' license
     verification: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -440,7 +493,10 @@ def conversion_card(model, info: OutputInfo, repo_id: str | None = None) -> str:
     """README.md: posformers' model card (metadata, usage, config) plus how the weights were converted."""
     from posformers.integrations import hub
 
-    card = str(hub.model_card(model, repo_id, base_model=info.base_model or False, tags=("converted",)))
+    card = hub.model_card(
+        model, repo_id, license=info.license, base_model=info.base_model or False, tags=("converted",)
+    )
+    card = str(card)
     lines = ["", "## Conversion", "", f"Converted from {info.source_description} with:", "", "```bash"]
     lines += [info.command_line, "```", ""]
     if info.verification:
@@ -449,7 +505,7 @@ def conversion_card(model, info: OutputInfo, repo_id: str | None = None) -> str:
         lines += [f"| {name} | {diff:.2e} |" for name, diff in info.verification.items()]
         lines.append("")
     else:
-        lines += ["The conversion ran with `--no-verify`: outputs were not compared with a reference.", ""]
+        lines += ["The conversion ran with `--no_verify`: outputs were not compared with a reference.", ""]
     lines += [f"- {note}" for note in info.notes]
     return card.rstrip("\n") + "\n" + "\n".join(lines).rstrip("\n") + "\n"
 
@@ -476,6 +532,7 @@ def write_output(
     model = model.to(DTYPES[dtype])
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.partial-", dir=output_dir.parent))
     try:
+        staging.chmod(0o777 & ~current_umask())  # mkdtemp's 0700, renamed into place, would be the output's mode
         model.save_pretrained(staging, max_shard_size=max_shard_size)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
@@ -488,13 +545,20 @@ def write_output(
         if isinstance(error, OSError):  # a full disk (ENOSPC), a quota, permissions: nothing was replaced
             kept = "the previous output is unchanged" if output_dir.exists() else "nothing was written"
             raise ConversionError(
-                f"--output {output_dir}: writing failed ({error.strerror or error}); {kept}"
+                f"--output_dir {output_dir}: writing failed ({error.strerror or error}); {kept}"
             ) from error
         raise
     log(f"wrote {output_dir}: {', '.join(sorted(path.name for path in output_dir.iterdir()))}")
     if push_to_hub:
         push_output(model, output_dir, push_to_hub, tokenizer=tokenizer, max_shard_size=max_shard_size)
     return output_dir
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: it is set straight back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _replace_dir(staging: Path, output_dir: Path) -> None:
@@ -545,7 +609,7 @@ class Source(ABC):
                               after the mapping: add what the source lacks (fresh parameters), cast, note what the
                               mapping means; the default returns `target` unchanged
         verify(model) -> diffs
-                              compare `model` with the reference implementation (`compare_outputs`); --no-verify skips
+                              compare `model` with the reference implementation (`compare_outputs`); --no_verify skips
         tokenizer()           the tokenizer to save beside the model, or None
         describe() -> str     where the weights came from, for the model card
         write_extras(model, folder)
@@ -557,6 +621,7 @@ class Source(ABC):
 
     help = ""
     base_model: str | None = None  # a Hub repo id the source is known as, for the card metadata
+    license: str | None = None  # the license of every checkpoint of this format, where one license covers them all
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -604,7 +669,8 @@ def run_conversion(source: Source, args: argparse.Namespace) -> int:
     info = OutputInfo(
         source_description=source.describe(),
         command_line=args.command_line,
-        base_model=source.base_model,
+        base_model=source.base_model or getattr(args, "source_repo_id", None),
+        license=source_license(source.path, source.license),
         verification=verification,
         notes=[line.strip() for line in report.summary().splitlines()] + source.notes,
     )

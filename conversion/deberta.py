@@ -851,6 +851,7 @@ class HFSource(DebertaSource):
 class OriginalSource(DebertaSource):
     help = "microsoft/DeBERTa release files (pytorch.model.bin + model_config.json)"
     format_name = "microsoft/DeBERTa repository format"
+    license = "mit"  # the microsoft/DeBERTa repository's, under which its checkpoints are released
 
     def read(self) -> tuple[dict, dict[str, torch.Tensor]]:
         self.weight_source = original_weight_file(self.path)

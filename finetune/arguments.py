@@ -12,6 +12,7 @@ checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import os
 import re
@@ -19,8 +20,12 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+from posformers.integrations.hub import DEFAULT_LICENSE
 
 from .checkpoints import PREEMPTED_EXIT_STATUS, checkpoint_problems, last_complete_checkpoint
 from .errors import ArgumentError, OutputDirError
@@ -37,6 +42,10 @@ RUN_ARTIFACTS = (
     "trainer_state.json",
     "all_results.json",
 )
+# Flags of transformers' example scripts that these scripts do not take, and why.
+RETIRED_FLAGS = {
+    "--use_fast_tokenizer": "transformers 5 always loads the fast tokenizer (the flag is gone); leave it out",
+}
 _CHECKPOINT_DIR = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-\d+$")
 # The end of every script's --help (finetune/errors.py, finetune/checkpoints.py).
 EXIT_STATUS_HELP = (
@@ -83,6 +92,29 @@ class ModelArguments:
     ignore_mismatched_sizes: bool = dataclasses.field(
         default=False, metadata={"help": "Load a checkpoint whose head has another number of labels (re-initialised)."}
     )
+    license: str | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "License of the trained model, for its card (README.md). Default: that of --model_name_or_path's "
+            f"weights (the `license:` of its model card; 'unknown' when it has none), {DEFAULT_LICENSE} for a model "
+            "trained from scratch."
+        },
+    )
+
+    def __post_init__(self):
+        for argument in ("model_name_or_path", "config_name", "tokenizer_name"):
+            check_location(f"--{argument}", getattr(self, argument))
+
+
+def check_location(argument: str, name: str | None) -> None:
+    """A name that is neither an existing path nor a valid Hub repo id is a mistyped path: say so, instead of the Hub
+    client's complaint about repo ids."""
+    if name is None or Path(name).exists():
+        return
+    try:
+        validate_repo_id(name)
+    except HFValidationError as error:
+        raise ArgumentError(f"{argument} {name}: no such folder") from error
 
 
 @dataclasses.dataclass
@@ -144,13 +176,39 @@ class RunArguments:
 
 def parse_arguments(dataclass_types: Iterable[type], argv: list[str] | None = None) -> tuple:
     """HfArgumentParser over `dataclass_types`; `argv` may be CLI words or a single .json / .yaml file."""
-    parser = HfArgumentParser(tuple(dataclass_types), epilog=EXIT_STATUS_HELP)
+    dataclass_types = tuple(dataclass_types)
+    parser = HfArgumentParser(dataclass_types, epilog=EXIT_STATUS_HELP)
     argv = sys.argv[1:] if argv is None else [str(word) for word in argv]
     if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
-        return parser.parse_yaml_file(yaml_file=os.path.abspath(argv[0]))
-    return parser.parse_args_into_dataclasses(args=argv)
+        parsed = parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+    elif len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
+        parsed = parser.parse_yaml_file(yaml_file=os.path.abspath(argv[0]))
+    else:
+        *parsed, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+        if unknown:
+            raise ArgumentError(unknown_argument(dataclass_types, unknown))
+    for arguments in parsed:
+        if isinstance(arguments, TrainingArguments):
+            check_mixed_precision(arguments)
+    return tuple(parsed)
+
+
+def unknown_argument(dataclass_types: Iterable[type], unknown: list[str]) -> str:
+    """One line for arguments no dataclass has: the first one, and why (a flag of transformers' example scripts that
+    these scripts do not take) or the closest flag there is."""
+    flag = next((word for word in unknown if word.startswith("-")), unknown[0]).split("=", 1)[0]
+    if flag in RETIRED_FLAGS:
+        return f"unknown argument {flag}: {RETIRED_FLAGS[flag]}"
+    flags = [f"--{field.name}" for types in dataclass_types for field in dataclasses.fields(types)]
+    close = difflib.get_close_matches(flag, flags, n=1)
+    return f"unknown argument {flag}" + (f" (did you mean {close[0]}?)" if close else "") + "; see --help"
+
+
+def check_mixed_precision(training_args: TrainingArguments) -> None:
+    """--fp16 without a GPU: Trainer would train in float32 and its card would still claim mixed precision."""
+    if training_args.fp16 and training_args.device.type == "cpu":
+        logger.warning("--fp16 needs a GPU, and this run has none: training in float32")
+        training_args.fp16 = False
 
 
 def previous_run_artifacts(output_dir) -> list[str]:

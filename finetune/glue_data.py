@@ -379,7 +379,9 @@ def _json_object(line: str, path: Path, number: int) -> dict:
 def infer_label_names(table: Table) -> tuple[str, ...] | None:
     """A custom task's labels from its training table: None (regression) when they are numbers and not all integers,
     else the distinct labels as strings, sorted (numerically when they are integers)."""
+    # Empty labels are no class: encode_labels reports them with their line.
     values = [str(example.label).strip() for example in table.examples if example.label is not None]
+    values = [value for value in values if value]
     if not values:
         raise DataError("no labels to learn the label set from", path=table.path)
     numbers = [_as_float(value) for value in values]
@@ -401,6 +403,8 @@ def _as_float(value: str) -> float | None:
 def encode_label(value, label_names: tuple[str, ...] | None):
     """A label as written -> its id in label_names (a label name, or an id in range), or a float for regression."""
     text = "" if value is None else str(value).strip()
+    if not text:
+        raise DataError("empty label", column=LABEL_COLUMN)
     if label_names is None:
         number = _as_float(text)
         if number is None:
@@ -528,13 +532,20 @@ def read_hub(name: str, config_name: str | None, task: GlueTask | None, text_col
     try:
         dataset = datasets.load_dataset(name, config_name, cache_dir=cache_dir)
     except Exception as error:
+        # Offline or not, the way out is the same: local files.
+        local_files = (
+            "Give local files instead: --data_dir with GLUE's TSV files, or --train_file / --validation_file / "
+            "--test_file"
+        )
         if hub_is_offline():
             raise DataError(
                 f"cannot load the Hub dataset {where}: the Hub is offline (HF_HUB_OFFLINE=1) and it is not in the "
-                "datasets cache. Give local files instead: --data_dir with GLUE's TSV files, or --train_file / "
-                "--validation_file / --test_file"
+                f"datasets cache. {local_files}"
             ) from error
-        raise DataError(f"cannot load the Hub dataset {where}: {type(error).__name__}: {error}") from error
+        first_line = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+        raise DataError(
+            f"cannot load the Hub dataset {where}: {type(error).__name__}: {first_line}. {local_files}"
+        ) from error
     tables, declared = {}, None
     for split, part in dataset.items():
         label_feature = part.features.get(LABEL_COLUMN)

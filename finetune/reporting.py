@@ -27,6 +27,8 @@ import yaml
 from transformers import TrainerCallback, TrainingArguments
 from transformers.modelcard import TASK_TAG_TO_NAME_MAPPING, TrainingSummary
 
+from posformers.integrations import hub
+
 logger = logging.getLogger(__name__)
 
 
@@ -236,6 +238,7 @@ def write_model_card(trainer, results: dict, **card) -> Path | None:
         return None
     card = {key: value for key, value in card.items() if value}
     base = card.get("finetuned_from")
+    card.setdefault("license", hub.default_license(base))  # that of the weights trained on, unless the user chose
     local_base = base if base and Path(base).exists() else None
     if local_base:
         card.pop("finetuned_from")  # a local folder is no Hub model to link to

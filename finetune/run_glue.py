@@ -24,8 +24,9 @@ validation_mismatched (`eval_mm_*`). Metrics: the `evaluate` module finetune/met
 finetune/glue_metrics.py). Data rules: finetune/glue_data.py.
 
 Bad data stops the script before training with one line naming file, line and column (exit status 1):
-unknown task, missing text or label columns, labels outside the task's label set, empty files, malformed rows
-(`--skip_bad_examples` skips those rows and says how many), and labels that do not fit a fine-tuned model's head.
+unknown task, missing text or label columns, empty labels, labels outside the task's label set, empty files, malformed
+rows (`--skip_bad_examples` skips those rows and says how many), and labels that do not fit a fine-tuned model's head.
+A --max_seq_length beyond the model's positions is lowered to them, with a warning.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from . import metrics
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
@@ -141,6 +143,25 @@ def limit(table: Table, count: int | None) -> Table:
         if table.labels is not None:
             table.labels = table.labels[:count]
     return table
+
+
+def position_limit(config, tokenizer) -> int | None:
+    """The longest input the model takes: its position table's size, or less where its tokenizer says so (RoBERTa's
+    514 positions hold 512 tokens). None: no limit (LittleBird has no position table)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    return min(positions, tokenizer.model_max_length) if tokenizer.model_max_length < VERY_LARGE_INTEGER else positions
+
+
+def cap_max_seq_length(data_args: DataTrainingArguments, config, tokenizer) -> None:
+    """--max_seq_length beyond the model's positions would fail mid-training on the first long text: use the limit."""
+    limit = position_limit(config, tokenizer)
+    if limit is not None and data_args.max_seq_length > limit:
+        logger.warning(
+            "max_seq_length %d is more than the model's %d positions: using %d", data_args.max_seq_length, limit, limit
+        )
+        data_args.max_seq_length = limit
 
 
 def tokenize(table: Table, tokenizer, data_args: DataTrainingArguments):
@@ -290,6 +311,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     config = set_labels(config, label_names, task, model_args)
     tokenizer = load_tokenizer(model_args)
     config = fit_config_to_tokenizer(config, tokenizer, model_args)
+    cap_max_seq_length(data_args, config, tokenizer)
     model = load_model(model_args, config, AutoModelForSequenceClassification)
     padding_free = plan_padding_free(
         run_args.padding_free, model, training_args, pad_to_max_length=data_args.pad_to_max_length
@@ -352,7 +374,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 logger.info("wrote %s", path)
         return {}
 
-    card = {"finetuned_from": model_args.model_name_or_path, "tasks": "text-classification"}
+    card = {
+        "finetuned_from": model_args.model_name_or_path,
+        "tasks": "text-classification",
+        "license": model_args.license,
+    }
     if task is not None:
         card.update(language="en", dataset_tags="glue", dataset_args=task.name, dataset=f"GLUE {task.name.upper()}")
     return run_stages(

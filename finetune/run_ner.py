@@ -386,7 +386,12 @@ def model_card(model_args: ModelArguments, data_args: SplitDataArguments, task: 
     """run_stages' card arguments: the base model, the task, and the dataset (its name, or the data files' names)."""
     files = (data_args.train_file, data_args.validation_file, data_args.test_file)
     dataset = data_args.dataset_name or ", ".join(Path(name).name for name in files if name) or None
-    return {"finetuned_from": model_args.model_name_or_path, "tasks": task, "dataset": dataset}
+    return {
+        "finetuned_from": model_args.model_name_or_path,
+        "tasks": task,
+        "dataset": dataset,
+        "license": model_args.license,
+    }
 
 
 if __name__ == "__main__":

@@ -385,7 +385,7 @@ def pretrain(objective: str, run: PretrainRun, checkpoint: str | None = None) ->
         checkpoint,
         train_samples=None if data_args.streaming else len(packed["train"]),
         evaluate=evaluate,
-        card={"finetuned_from": model_args.model_name_or_path, "tasks": tasks},
+        card={"finetuned_from": model_args.model_name_or_path, "tasks": tasks, "license": model_args.license},
     )
     if trainer.is_world_process_zero():
         logger.info("pre-trained model written to %s", Path(training_args.output_dir).resolve())

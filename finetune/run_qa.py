@@ -380,6 +380,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             "finetuned_from": model_args.model_name_or_path,
             "tasks": "question-answering",
             "dataset": data_args.dataset_name,
+            "license": model_args.license,
         },
     )
 

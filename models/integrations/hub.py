@@ -6,7 +6,7 @@
 YAML metadata lets the Hub index the model:
 
     library_name: transformers     # what the Hub needs to offer `trust_remote_code` loading
-    license: apache-2.0            # `license=` overrides
+    license: apache-2.0            # `license=` overrides; a model loaded from weights takes their card's license
     base_model: org/name           # `base_model=`, else the repo the weights were loaded from (if any)
     pipeline_tag: fill-mask        # from the head: the Auto class the model is registered with
     tags: [posformers, roformer]   # plus `tags=` and `model.model_tags`
@@ -28,9 +28,19 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, ModelCard, ModelCardData, hf_hub_download
+from huggingface_hub import (
+    CommitInfo,
+    CommitOperationAdd,
+    HfApi,
+    ModelCard,
+    ModelCardData,
+    hf_hub_download,
+    try_to_load_from_cache,
+)
 from huggingface_hub.errors import EntryNotFoundError, HFValidationError, RevisionNotFoundError
 from huggingface_hub.utils import validate_repo_id
+
+from ..configuration_common import SIZE_FIELDS
 
 DEFAULT_LICENSE = "apache-2.0"
 LIBRARY_NAME = "transformers"
@@ -54,13 +64,9 @@ CARD_KEYS = ("library_name", "license", "base_model", "pipeline_tag", "tags")
 
 # Config fields listed in the generated card, when the config has them.
 _CARD_CONFIG_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
+    *SIZE_FIELDS,
     "max_position_embeddings",
-    "rope_theta",
+    "rope_parameters",
     "rotary_dim",
     "rope_layout",
     "norm_type",
@@ -115,6 +121,29 @@ def infer_base_model(model, repo_id: str | None = None) -> str | None:
     return name
 
 
+def weights_license(name_or_path) -> str | None:
+    """The `license:` of the model card beside the weights at `name_or_path` (a local folder, or a Hub repo whose
+    README.md is in the local cache: nothing is downloaded), or None when there is none."""
+    if not name_or_path:
+        return None
+    path = Path(name_or_path) / README
+    if not path.is_file() and looks_like_repo_id(name_or_path):
+        cached = try_to_load_from_cache(name_or_path, README)
+        path = Path(cached) if isinstance(cached, str) else path
+    if not path.is_file():
+        return None
+    license = ModelCard(path.read_text(encoding="utf-8"), ignore_metadata_errors=True).data.get("license")
+    return str(license) if license else None
+
+
+def default_license(name_or_path) -> str:
+    """The license of a model made from the weights at `name_or_path`: theirs ("unknown" when their card does not
+    say), or DEFAULT_LICENSE for a model made from scratch (no `name_or_path`)."""
+    if not name_or_path:
+        return DEFAULT_LICENSE
+    return weights_license(name_or_path) or "unknown"
+
+
 def card_metadata(
     model,
     repo_id: str | None = None,
@@ -132,7 +161,7 @@ def card_metadata(
     all_tags = [LIBRARY_TAG, model_type_tag(model.config), *(getattr(model, "model_tags", None) or []), *tags]
     metadata = {
         "library_name": LIBRARY_NAME,
-        "license": license or DEFAULT_LICENSE,
+        "license": license or default_license(getattr(model.config, "_name_or_path", None)),
         "base_model": base_model or None,
         "pipeline_tag": pipeline_tag(model),
         "tags": list(dict.fromkeys(all_tags)),
@@ -419,6 +448,7 @@ __all__ = [
     "ModelCardMixin",
     "card_for_push",
     "card_metadata",
+    "default_license",
     "enable_model_cards",
     "infer_base_model",
     "looks_like_repo_id",
@@ -427,4 +457,5 @@ __all__ = [
     "model_type_tag",
     "pipeline_tag",
     "push_with_card",
+    "weights_license",
 ]
