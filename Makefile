@@ -4,12 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo littlebird-recipe test lint bench install clean
+.PHONY: demo littlebird-recipe test lint bench docs install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch first, from the pinned (CPU) wheel, so nothing later can pick a CUDA build
+	# torch first, at the pinned version: on Linux PyPI's wheel is a CUDA build (several GB); for a CPU-only
+	# environment install it beforehand from https://download.pytorch.org/whl/cpu and this line keeps it
 	$(BIN)/python -m pip install --quiet -c constraints.txt torch
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
@@ -34,5 +35,16 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run --model roformer
 
+# The manual (docs/*.md, mkdocs.yml) as a static site in site/; --strict turns every warning (a broken link or
+# anchor) into an error.
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info

@@ -1,10 +1,10 @@
-"""The GPU suite (issue 17): posformers' fused attention against the fastest encoders, every row in one run.
+"""The GPU suite: posformers' fused attention against the fastest encoders, every row in one run.
 
     python -m benchmarks.gpu --device cuda --dtype bfloat16          # everything, on one GPU
     python -m benchmarks.gpu --device cpu --smoke --output /tmp/gpu.json   # tiny sizes: proves the script runs
 
 Writes benchmarks/results/gpu.json and gpu.md (or --output and its .md), with the device's name, torch and
-transformers versions, every measurement and the issue's targets, each met, missed or not measured.
+transformers versions, every measurement and the suite's targets, each met, missed or not measured.
 
 Sections (all models random-initialised, dropout 0 so that the training step runs the same kernels as inference):
 
@@ -16,7 +16,7 @@ Sections (all models random-initialised, dropout 0 so that the training step run
   "sdpa"; transformers' ModernBERT (width 768, 12 layers, 12 heads, its GLU MLP 2048 wide: BERT-base's parameter
   count, its default attention). Time is the median of the timed runs; peak memory is CUDA's peak allocation over
   one step beyond what was allocated before it.
-- realbatch: mixed-length real batches, the workload of issue 10 (SST-2, MRPC and SQuAD windows from tests/data,
+- realbatch: mixed-length real batches, the realbatch workload (SST-2, MRPC and SQuAD windows from tests/data,
   tokenized and batched as benchmarks/realbatch.py does, in random order), real tokens per second of forward and of
   forward+backward for posformers' DeBERTa-v3-base (fused, padding-free), RoFormer-base (padding-free), transformers'
   DebertaV2, BERT-sdpa and ModernBERT-base, all fed the same padded batches.
@@ -66,7 +66,7 @@ REAL_WORKLOADS = ("sst2", "mrpc", "squad")
 SMOKE_SIZE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 SMOKE = dict(tokens_per_batch=64, encoder_lengths=(16, 32), long_lengths=(64, 128), longest_cap=512)
 WORKLOADS = ("forward", "train")
-# Where the issue's targets read their numbers: (section, row, length or workload, workload).
+# Where the targets read their numbers: (section, row, length or workload, workload).
 DEBERTA_FUSED, DEBERTA_HF, DISENTANGLED_FLASH = (
     "DeBERTa-v3 posformers_fused",
     "DeBERTa-v3 transformers",
@@ -419,7 +419,7 @@ def ratio(numerator: dict | None, denominator: dict | None, key: str) -> float |
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, each with its measured value (None: not measured in this run)."""
+    """The targets, each with its measured value (None: not measured in this run)."""
     found = []
 
     def target(name: str, value: float | None, bound: float, at_least: bool) -> None:

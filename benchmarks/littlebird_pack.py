@@ -20,8 +20,8 @@ x 2 heads, 240 steps of 32 x 128 tokens, cached in benchmarks/results/littlebird
 student, before any training.
 
 Variants change the converted or new model's fresh parameters after it is built, to compare initialisations without
-editing the library: `current` (as the library initialises), `p0-0.02` (P0 ~ N(0, 0.02), the initialisation before
-issue 14), `p0-unit` (P0 ~ N(0, 1)), `p0-layernorm` (P0 ~ N(0, 0.02), each row then normalised to zero mean and unit
+editing the library: `current` (as the library initialises), `p0-0.02` (P0 ~ N(0, 0.02), the earlier one),
+`p0-unit` (P0 ~ N(0, 1)), `p0-layernorm` (P0 ~ N(0, 0.02), each row then normalised to zero mean and unit
 variance: what a LayerNorm with unit weight and zero bias on P0 computes at initialisation), `pack-from-teacher`
 (`p0-unit`, and each layer's pack attention Q/K/V/O copied from the same layer's USWAttn Q/K/V/O: after conversion,
 the teacher's attention). Every run is stored under `--label` in benchmarks/results/littlebird_pack.json, and the
@@ -233,7 +233,7 @@ def write_table(stored: dict, path: Path) -> None:
         "# LittleBird pack memory: diversity at initialisation and after conversion from BERT",
         "",
         "`python -m benchmarks.littlebird_pack` (see its docstring). Base size, 2048 tokens of SQuAD text. Targets "
-        "(issue 14): mean pairwise cosine after layer 1 <= 0.3 and effective rank >= s/4 = 16, at initialisation "
+        "(distinct slots): mean pairwise cosine after layer 1 <= 0.3 and effective rank >= s/4 = 16, at initialisation "
         "and after conversion. Unpack mass: share of layer 1's USWAttn attention on the 64 unpacked keys, lowest .. "
         "highest head. Final pack states: the model's `pack_states` (after layer 12 before the fix; after layer 11 "
         "after it, the last layer computing no update). MLM loss: held-out SQuAD windows of 128 tokens, teacher "

@@ -588,13 +588,13 @@ def test_verification_catches_what_the_mapping_or_config_gets_wrong(change, fail
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Files as the original code writes them (issue 12): each output is compared with what that code computes
+# Files as the original code writes them: each output is compared with what that code computes
 # ---------------------------------------------------------------------------------------------------------------------
 
 
 def transformers_encoder(config: dict, state: dict[str, torch.Tensor]):
     """transformers' DebertaV2Model for `config` (official fields) holding the `deberta.*` tensors of `state`, fp32:
-    the encoder the original code runs (they agree to ~5e-6, issue 12); the parts at issue are written out by each
+    the encoder the original code runs (they agree to ~5e-6); the parts in question are written out by each
     test."""
     fields = {key: value for key, value in config.items() if key not in ("model_type", "pooling", "padding_idx")}
     model = transformers.DebertaV2Model(transformers.DebertaV2Config(**fields, legacy=False)).eval()

@@ -21,7 +21,7 @@ from .sample_log import weights_digest
 def two_training_steps(rank: int, world_size: int, init_file: str, result_dir: str, old_last_layer: bool) -> None:
     """Two MLM training steps of a tiny LittleBird under DistributedDataParallel without unused-parameter detection
     (`find_unused_parameters=False`); writes rank<R>.txt: "ok <weights digest>" or "error: <message>".
-    `old_last_layer` gives the last layer back the pack LayerNorm it had before issue 14, whose output fed nothing."""
+    `old_last_layer` gives the last layer back the pack LayerNorm older checkpoints carry, whose output fed nothing."""
     torch.set_num_threads(1)
     # A collective that waits on a process which failed raises after the timeout instead of hanging the test.
     dist.init_process_group(

@@ -1,4 +1,4 @@
-"""Half-precision training of the three models (issue 16, part 4).
+"""Half-precision training of the three models.
 
 100 AdamW steps on real text (SST-2 dev, tokenized with BERT's uncased vocabulary) under CPU `torch.autocast` in
 float16 with dynamic loss scaling (`torch.amp.GradScaler`) and in bfloat16, for masked-LM and sequence

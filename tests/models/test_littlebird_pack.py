@@ -1,4 +1,4 @@
-"""LittleBird's pack memory starts as s distinct slots (issue 14, part 1), at initialisation and after
+"""LittleBird's pack memory starts as s distinct slots, at initialisation and after
 `posformers-convert littlebird --from bert`, on real text; and every parameter gets a gradient, so plain DDP works
 (part 4): the last layer computes no pack update, and checkpoints that hold its old LayerNorm load without it.
 
@@ -31,7 +31,7 @@ PACK_FIELDS = dict(
     block_size=16,
     pack_length=16,
 )
-MAX_COSINE = 0.3  # issue 14's targets: mean pairwise cosine after layer 1 <= 0.3, effective rank >= s / 4
+MAX_COSINE = 0.3  # targets: mean pairwise cosine after layer 1 <= 0.3, effective rank >= s / 4
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_pack_states_are_distinct_slots_at_initialisation(squad_ids):
 
 
 def test_the_old_initialisation_fails_the_targets(squad_ids):
-    """P0 ~ N(0, 0.02), the initialisation before issue 14: the pack states after layer 1 are one state."""
+    """P0 ~ N(0, 0.02), the initialisation of earlier releases: the pack states after layer 1 are one state."""
     torch.manual_seed(0)
     model = LittleBirdModel(LittleBirdConfig(**PACK_FIELDS)).eval()
     with torch.no_grad():
@@ -132,7 +132,7 @@ def test_the_last_layer_has_no_pack_update():
 
 
 def test_checkpoints_with_the_last_pack_layernorm_load_quietly(tmp_path, caplog):
-    """A checkpoint saved before issue 14 holds the last layer's pack LayerNorm; it loads, the key is ignored and
+    """A checkpoint saved by an earlier release holds the last layer's pack LayerNorm; it loads, the key is ignored and
     transformers reports no unexpected key."""
     from safetensors.torch import load_file, save_file
 

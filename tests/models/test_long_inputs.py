@@ -1,4 +1,4 @@
-"""Long inputs (issue 16, part 4): RoFormer at 4x its max_position_embeddings, DeBERTa at 4,096 tokens and LittleBird
+"""Long inputs: RoFormer at 4x its max_position_embeddings, DeBERTa at 4,096 tokens and LittleBird
 at 32,768 tokens, batch 1 of real text (SST-2 train sentences run together) at small widths.
 
 For each: the inference forward agrees with a second path computing the same function (RoFormer and DeBERTa: the

@@ -1,0 +1,198 @@
+"""The README and the manual in docs/: every relative link and anchor resolves, every Python block runs offline as
+written (or says it needs the Hugging Face Hub), and nothing a reader sees talks about how the project was built."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NEEDS_HUB_COMMENT = "<!-- needs-hub -->"
+NEEDS_HUB_FIRST_LINE = "# needs the Hugging Face Hub"
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+INLINE_CODE = re.compile(r"`+[^`]*`+")
+
+
+def prose_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) outside fenced code blocks."""
+    lines, in_code = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            in_code = not in_code
+            continue
+        if not in_code:
+            lines.append((number, line))
+    return lines
+
+
+def heading_text(raw: str) -> str:
+    """A heading's text as rendered: links keep their text, code and emphasis lose their markers."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", raw)
+    return re.sub(r"[`*]", "", text)
+
+
+def mkdocs_slug(text: str) -> str:
+    # Python-Markdown's toc.slugify, which mkdocs uses.
+    value = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    value = re.sub(r"[^\w\s-]", "", value).strip().lower()
+    return re.sub(r"[-\s]+", "-", value)
+
+
+def github_slug(text: str) -> str:
+    # GitHub keeps letters, digits, '_', '-' and spaces, and turns each space into '-' without collapsing runs.
+    value = re.sub(r"[^\w\- ]", "", text.strip().lower())
+    return value.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Anchors a link may use: a heading's slug where mkdocs and GitHub agree on it."""
+    found = set()
+    for _, line in prose_lines(page.read_text(encoding="utf-8")):
+        match = HEADING.match(line)
+        if match:
+            text = heading_text(match.group(2))
+            if mkdocs_slug(text) == github_slug(text):
+                found.add(mkdocs_slug(text))
+    return found
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_links_and_anchors_resolve(page):
+    broken = []
+    for number, line in prose_lines(page.read_text(encoding="utf-8")):
+        for target in LINK.findall(INLINE_CODE.sub("", line)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            inside = os.path.normpath(page.parent / path).startswith(str(DOCS)) or page.parent != DOCS
+            if not inside:
+                broken.append(f"line {number}: {target}: outside docs/, which the site does not carry")
+            elif not resolved.exists():
+                broken.append(f"line {number}: {target}: no such file")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+                broken.append(f"line {number}: {target}: no heading with that anchor in {resolved.name}")
+    assert not broken, f"{page_id(page)}:\n" + "\n".join(broken)
+
+
+def test_docs_pages_are_in_the_site_navigation():
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    missing = [page.name for page in PAGES[1:] if page.name not in nav]
+    assert not missing, f"docs pages missing from mkdocs.yml's nav: {missing}"
+
+
+def test_readme_is_a_landing_page():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    long_lines = [n for n, line in prose_lines(text) if len(line) > 120 and not line.lstrip().startswith("|")]
+    assert not long_lines, f"README.md lines over 120 characters: {long_lines}"
+
+
+def python_blocks(page: Path) -> list[tuple[int, str, bool]]:
+    """(line number, code, needs the Hub) for each ```python block."""
+    blocks, lines = [], page.read_text(encoding="utf-8").splitlines()
+    index = 0
+    while index < len(lines):
+        if re.match(r"^```python\s*$", lines[index]):
+            start, body = index + 1, []
+            index += 1
+            while not lines[index].startswith("```"):
+                body.append(lines[index])
+                index += 1
+            before = next((line for line in reversed(lines[: start - 1]) if line.strip()), "")
+            needs_hub = before.strip() == NEEDS_HUB_COMMENT or (body and body[0].strip() == NEEDS_HUB_FIRST_LINE)
+            blocks.append((start + 1, "\n".join(body) + "\n", needs_hub))
+        index += 1
+    return blocks
+
+
+OFFLINE_BLOCKS = [
+    pytest.param(page, number, code, id=f"{page_id(page)}:{number}")
+    for page in PAGES
+    for number, code, needs_hub in python_blocks(page)
+    if not needs_hub
+]
+
+
+# Runs each block with its own globals in its own empty folder, in one interpreter: a block still needs every import
+# it uses, and the blocks share only the cost of importing torch and transformers.
+RUNNER = """
+import json, os, sys, traceback
+failures = {}
+for name, folder, code in json.load(sys.stdin):
+    os.chdir(folder)
+    try:
+        exec(compile(code, name, "exec"), {"__name__": "__main__"})
+    except BaseException:
+        failures[name] = traceback.format_exc(limit=-3)
+print(json.dumps(failures))
+"""
+
+
+def test_python_blocks_run_offline(tmp_path):
+    """Every block not marked as needing the Hub runs as written, in an empty folder, with the Hub switched off."""
+    assert OFFLINE_BLOCKS, "no runnable Python block found: the README's quick start should be one"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    blocks = []
+    for index, block in enumerate(OFFLINE_BLOCKS):
+        page, number, code = block.values
+        folder = tmp_path / str(index)
+        folder.mkdir()
+        blocks.append((f"{page_id(page)}, block at line {number}", str(folder), code))
+    result = subprocess.run(
+        [sys.executable, "-c", RUNNER], input=json.dumps(blocks), env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    failures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not failures, "\n\n".join(f"{name}:\n{trace}" for name, trace in failures.items())
+
+
+def test_every_python_block_runs_or_needs_the_hub():
+    # A block is either in OFFLINE_BLOCKS (run above) or marked; this names the marked ones so a reader can check them.
+    marked = [(page_id(p), n) for p in PAGES for n, _, hub in python_blocks(p) if hub]
+    for page, number in marked:
+        code = next(c for n, c, _ in python_blocks(ROOT / page) if n == number)
+        assert re.search(r"from_pretrained\(|load_dataset\(|pipeline\(|CrossEncoder\(|Transformer\(", code), (
+            f"{page}: the block at line {number} is marked as needing the Hub but loads nothing"
+        )
+
+
+BUILD_TALK = re.compile(
+    r"\bissues? [0-9]{1,3}\b|\bwas lent\b|\blent to\b|\bworkplace\b|engineers' jobs|minute budget|device machine"
+    r"|\bno GPU was (?:lent|available to this)",
+    re.IGNORECASE,
+)
+READ_BY_USERS = [
+    ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
+    *sorted(
+        path
+        for folder in ("docs", "models", "finetune", "conversion", "benchmarks", "tests")
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".md") and "__pycache__" not in path.parts
+    ),
+]
+
+
+@pytest.mark.parametrize("path", READ_BY_USERS, ids=page_id)
+def test_no_word_about_how_the_project_was_built(path):
+    hits = [
+        f"line {number}: {line.strip()}"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if BUILD_TALK.search(line) and path != Path(__file__).resolve()
+    ]
+    assert not hits, f"{page_id(path)} talks about how the project was built:\n" + "\n".join(hits)
