@@ -4,7 +4,7 @@ Sources:
     tf  ZhuiyiTechnology's bert4keras releases (chinese_roformer_L-12_H-768_A-12, ..._char_..., ..._sim_char_...):
         `bert_config.json`, a TF1 checkpoint prefix (`bert_model.ckpt`) and `vocab.txt`, with Google-BERT variable
         names (`bert/encoder/layer_N/attention/self/query/kernel`, ...). Kernels are stored (in, out) and transposed.
-        Needs tensorflow (`pip install "posformers[tf]"`).
+        Needs tensorflow (the `tf` extra).
     hf  HF-format directories saved by transformers' RoFormer or published as junnyu/roformer_chinese_base etc.:
         config.json (model_type "roformer") + pytorch_model.bin or model.safetensors. Any head, or the bare
         RoFormerModel, whose file names its tensors without the `roformer.` prefix.
@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from posformers._extras import install_hint
 from posformers.conversion.core import (
     BERT_ENCODER_FIELDS,
     ConversionError,
@@ -223,7 +224,7 @@ def read_tf_checkpoint(prefix: Path) -> dict[str, torch.Tensor]:
         import tensorflow as tf
     except ImportError as error:
         raise ConversionError(
-            "reading TensorFlow checkpoints needs tensorflow: pip install 'posformers[tf]' (or tensorflow-cpu)"
+            f"reading TensorFlow checkpoints needs tensorflow, the tf extra: {install_hint('tf')}"
         ) from error
     try:
         reader = tf.train.load_checkpoint(str(prefix))
@@ -308,11 +309,12 @@ def check_tied_and_positions(tensors: dict[str, torch.Tensor], config) -> None:
         if key not in tensors:
             continue
         table = tensors[key].double()
-        expected = sinusoid_table(table.shape[0], table.shape[1], config.rope_theta)
+        theta = config.rope_parameters["rope_theta"]
+        expected = sinusoid_table(table.shape[0], table.shape[1], theta)
         if table.shape[1] != config.rope_dim or not torch.allclose(table, expected, atol=1e-3):
             raise ConversionError(
                 f"{key} is not the sinusoid RoFormer rotates with (head dim {config.rope_dim}, theta "
-                f"{config.rope_theta}); posformers computes that table, so these weights cannot be represented"
+                f"{theta}); posformers computes that table, so these weights cannot be represented"
             )
     tied = {
         "cls.predictions.decoder.weight": "roformer.embeddings.word_embeddings.weight",

@@ -14,11 +14,11 @@ Field names and meanings are those of the official `config.json` files (and of t
 under either name would silently load as transformers' classes.
 """
 
-import os
-
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 from transformers.utils import logging
+
+from .configuration_common import PresetConfigMixin, check_choice, check_common_fields, check_integer, check_probability
 
 logger = logging.get_logger(__name__)
 
@@ -39,9 +39,6 @@ AUTO_MAP = {
 POS_ATT_TYPES = ("c2p", "p2c")
 NORM_REL_EBD = ("none", "layer_norm")
 PROJECTION_LAYOUTS = ("separate", "fused")
-# How a padded batch runs (`unpad_inputs`); flattened batches always run padding-free.
-UNPAD_MODES = ("auto", "always", "never")
-QA_HEADS = ("linear", "span_selection")
 
 # What a field means when an official / transformers config.json leaves it out: the defaults of transformers'
 # DebertaConfig / DebertaV2Config and of the official code's `getattr(config, name, default)` calls. posformers' own
@@ -188,64 +185,7 @@ def parse_norm_rel_ebd(value) -> list[str]:
     return [entry.strip().lower() for entry in str(value or "none").split("|") if entry.strip()]
 
 
-# Copied from posformers.configuration_roformer.check_integer
-def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None:
-    """`config.<name>` must be an integer (not a bool) of at least `minimum`; the error names the field."""
-    value = getattr(config, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
-
-
-# Copied from posformers.configuration_roformer.check_probability
-def check_probability(config: PreTrainedConfig, name: str) -> None:
-    """`config.<name>` (a dropout probability) must be a number in [0, 1)."""
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
-
-
-# Copied from posformers.configuration_roformer.check_span_selection_fields
-def check_span_selection_fields(config: PreTrainedConfig) -> None:
-    """`config.question_token_id` must be None or a row of the word embeddings, `config.qa_head` one of QA_HEADS."""
-    token = config.question_token_id
-    if token is not None and (
-        isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < config.vocab_size
-    ):
-        raise ValueError(
-            f"{type(config).__name__}.question_token_id must be None or in [0, vocab_size={config.vocab_size}), "
-            f"got {token!r}"
-        )
-    if config.qa_head not in QA_HEADS:
-        raise ValueError(f"{type(config).__name__}.qa_head must be one of {QA_HEADS}, got {config.qa_head!r}")
-
-
-# Copied from posformers.configuration_roformer.check_pad_token_id
-def check_pad_token_id(config: PreTrainedConfig) -> None:
-    """`config.pad_token_id` must be None or a row of the word embeddings (an integer, not a bool)."""
-    token = config.pad_token_id
-    if token is not None and (
-        isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < config.vocab_size
-    ):
-        raise ValueError(
-            f"{type(config).__name__}.pad_token_id ({token!r}) must be None or an integer in "
-            f"[0, vocab_size={config.vocab_size})"
-        )
-
-
-# Copied from posformers.configuration_roformer.config_file_error
-def config_file_error(name_or_path, kwargs: dict, error: Exception) -> Exception:
-    """`error`, raised reading the config.json of `name_or_path` (a folder, a file or a Hub repo), as a ValueError
-    whose message starts with the file: who loads a checkpoint knows its folder, not the config class's fields."""
-    name_or_path = str(name_or_path)
-    if os.path.isdir(name_or_path):
-        name_or_path = os.path.join(name_or_path, kwargs.get("subfolder") or "", "config.json")
-    if str(error).startswith(name_or_path):
-        return error
-    return ValueError(f"{name_or_path}: {error}")
-
-
-class DebertaConfig(PreTrainedConfig):
+class DebertaConfig(PresetConfigMixin, PreTrainedConfig):
     r"""
     Configuration of a posformers DeBERTa model (v1, v2 or v3). Defaults give microsoft/deberta-v3-base;
     `DebertaConfig.from_preset(name)` gives the other published sizes.
@@ -307,6 +247,7 @@ class DebertaConfig(PreTrainedConfig):
     """
 
     model_type = "posformers-deberta"
+    presets = PRESETS
 
     vocab_size: int = 128100
     hidden_size: int = 768
@@ -371,41 +312,6 @@ class DebertaConfig(PreTrainedConfig):
                 config_dict["pos_att_type"] = []
         return config_dict, kwargs
 
-    # Copied from posformers.configuration_roformer.RoFormerConfig.from_pretrained
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        """transformers' `from_pretrained`; a config.json this config refuses (a field of the wrong type or value, an
-        unknown model_type) is a ValueError whose message starts with the file."""
-        try:
-            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
-        except (ValueError, TypeError) as error:
-            raise config_file_error(pretrained_model_name_or_path, kwargs, error) from None
-
-    # Copied from posformers.configuration_roformer.RoFormerConfig.from_dict
-    @classmethod
-    def from_dict(cls, config_dict, **kwargs):
-        """transformers' `from_dict`, refusing a model_type that transformers does not know. The Auto classes pass
-        `name_or_path`: an error then names the config.json the dict came from."""
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # at call time: the Auto module is big
-
-        try:
-            model_type = config_dict.get("model_type")
-            if model_type is not None and model_type != cls.model_type and model_type not in CONFIG_MAPPING:
-                raise ValueError(f"unknown model_type {model_type!r} ({cls.__name__} reads {cls.model_type!r})")
-            return super().from_dict(config_dict, **kwargs)
-        except (ValueError, TypeError) as error:
-            if kwargs.get("name_or_path") is None:
-                raise
-            raise config_file_error(kwargs["name_or_path"], kwargs, error) from None
-
-    # Copied from posformers.configuration_roformer.RoFormerConfig.from_preset with RoFormer->Deberta
-    @classmethod
-    def from_preset(cls, name: str, **overrides) -> "DebertaConfig":
-        """A config of one of the sizes in `PRESETS`, with optional overrides."""
-        if name not in PRESETS:
-            raise ValueError(f"Unknown preset {name!r} for {cls.__name__}; choose one of {sorted(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
-
     @property
     def head_dim(self) -> int:
         return self.attention_head_size or self.hidden_size // self.num_attention_heads
@@ -429,16 +335,8 @@ class DebertaConfig(PreTrainedConfig):
 
     def validate_fields(self):
         """Check every field; runs on creation and again when a model is built (fields may change in between)."""
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "embedding_size",
-            "pooler_hidden_size",
-        ):
+        check_common_fields(self)
+        for name in ("max_position_embeddings", "embedding_size", "pooler_hidden_size"):
             check_integer(self, name)
         if getattr(self, "talking_head", False):
             raise ValueError(
@@ -456,9 +354,9 @@ class DebertaConfig(PreTrainedConfig):
                 f"DebertaConfig: num_attention_heads ({self.num_attention_heads}) x attention_head_size "
                 f"({self.head_dim}) must equal hidden_size ({self.hidden_size})"
             )
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "pooler_dropout", "cls_dropout"):
-            if name != "cls_dropout" or self.cls_dropout is not None:  # cls_dropout=None means hidden_dropout_prob
-                check_probability(self, name)
+        check_probability(self, "pooler_dropout")
+        if self.cls_dropout is not None:  # None means hidden_dropout_prob
+            check_probability(self, "cls_dropout")
         # a zero epsilon divides by zero on a constant row (a padded position); a negative std initialises nothing
         if not is_real(self.layer_norm_eps) or self.layer_norm_eps <= 0:
             raise ValueError(f"DebertaConfig.layer_norm_eps must be a number > 0, got {self.layer_norm_eps!r}")
@@ -474,14 +372,7 @@ class DebertaConfig(PreTrainedConfig):
                     f"DebertaConfig.{name} must name an activation of transformers.activations.ACT2FN, "
                     f"got {getattr(self, name)!r}"
                 )
-        check_pad_token_id(self)
-        check_span_selection_fields(self)
-        if self.projection_layout not in PROJECTION_LAYOUTS:
-            raise ValueError(
-                f"DebertaConfig.projection_layout must be one of {PROJECTION_LAYOUTS}, got {self.projection_layout!r}"
-            )
-        if self.unpad_inputs not in UNPAD_MODES:
-            raise ValueError(f"DebertaConfig.unpad_inputs must be one of {UNPAD_MODES}, got {self.unpad_inputs!r}")
+        check_choice(self, "projection_layout", PROJECTION_LAYOUTS)
         self._validate_relative_attention()
         if self.conv_kernel_size > 0:
             if self.conv_kernel_size % 2 == 0:

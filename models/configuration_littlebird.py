@@ -8,10 +8,11 @@ the architecture, with every decision marked, is described in `modeling_littlebi
 
 import contextlib
 import math
-import os
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
+
+from .configuration_common import QA_HEADS, UNPAD_MODES, PresetConfigMixin, check_common_fields, check_integer
 
 # Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
 # `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
@@ -27,59 +28,12 @@ AUTO_MAP = {
 }
 
 BIALIBI_INITS = ("alibi",)
-UNPAD_MODES = ("auto", "always", "never")
-QA_HEADS = ("linear", "span_selection")
 
 # The paper's two sizes (Table 1); block and pack length 64 for both.
 PRESETS = {
     "littlebird-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "littlebird-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
 }
-
-
-# Copied from posformers.configuration_roformer.check_integer
-def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None:
-    """`config.<name>` must be an integer (not a bool) of at least `minimum`; the error names the field."""
-    value = getattr(config, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
-
-
-# Copied from posformers.configuration_roformer.check_probability
-def check_probability(config: PreTrainedConfig, name: str) -> None:
-    """`config.<name>` (a dropout probability) must be a number in [0, 1)."""
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
-
-
-# Copied from posformers.configuration_roformer.check_span_selection_fields
-def check_span_selection_fields(config: PreTrainedConfig) -> None:
-    """`config.question_token_id` must be None or a row of the word embeddings, `config.qa_head` one of QA_HEADS."""
-    token = config.question_token_id
-    if token is not None and (
-        isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < config.vocab_size
-    ):
-        raise ValueError(
-            f"{type(config).__name__}.question_token_id must be None or in [0, vocab_size={config.vocab_size}), "
-            f"got {token!r}"
-        )
-    if config.qa_head not in QA_HEADS:
-        raise ValueError(f"{type(config).__name__}.qa_head must be one of {QA_HEADS}, got {config.qa_head!r}")
-
-
-# Copied from posformers.configuration_roformer.check_pad_token_id
-def check_pad_token_id(config: PreTrainedConfig) -> None:
-    """`config.pad_token_id` must be None or a row of the word embeddings (an integer, not a bool)."""
-    token = config.pad_token_id
-    if token is not None and (
-        isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < config.vocab_size
-    ):
-        raise ValueError(
-            f"{type(config).__name__}.pad_token_id ({token!r}) must be None or an integer in "
-            f"[0, vocab_size={config.vocab_size})"
-        )
 
 
 def check_finite_number(config: PreTrainedConfig, name: str, positive: bool = False) -> None:
@@ -92,19 +46,7 @@ def check_finite_number(config: PreTrainedConfig, name: str, positive: bool = Fa
         raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
 
 
-# Copied from posformers.configuration_roformer.config_file_error
-def config_file_error(name_or_path, kwargs: dict, error: Exception) -> Exception:
-    """`error`, raised reading the config.json of `name_or_path` (a folder, a file or a Hub repo), as a ValueError
-    whose message starts with the file: who loads a checkpoint knows its folder, not the config class's fields."""
-    name_or_path = str(name_or_path)
-    if os.path.isdir(name_or_path):
-        name_or_path = os.path.join(name_or_path, kwargs.get("subfolder") or "", "config.json")
-    if str(error).startswith(name_or_path):
-        return error
-    return ValueError(f"{name_or_path}: {error}")
-
-
-class LittleBirdConfig(PreTrainedConfig):
+class LittleBirdConfig(PresetConfigMixin, PreTrainedConfig):
     r"""
     Configuration of a LittleBird model. Defaults give `littlebird-base`; `LittleBirdConfig.from_preset(name)` gives
     the other size.
@@ -153,6 +95,7 @@ class LittleBirdConfig(PreTrainedConfig):
     """
 
     model_type = "littlebird"
+    presets = PRESETS
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -182,58 +125,10 @@ class LittleBirdConfig(PreTrainedConfig):
         self.validate_fields()
         self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
 
-    # Copied from posformers.configuration_roformer.RoFormerConfig.from_pretrained
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        """transformers' `from_pretrained`; a config.json this config refuses (a field of the wrong type or value, an
-        unknown model_type) is a ValueError whose message starts with the file."""
-        try:
-            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
-        except (ValueError, TypeError) as error:
-            raise config_file_error(pretrained_model_name_or_path, kwargs, error) from None
-
-    # Copied from posformers.configuration_roformer.RoFormerConfig.from_dict
-    @classmethod
-    def from_dict(cls, config_dict, **kwargs):
-        """transformers' `from_dict`, refusing a model_type that transformers does not know. The Auto classes pass
-        `name_or_path`: an error then names the config.json the dict came from."""
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # at call time: the Auto module is big
-
-        try:
-            model_type = config_dict.get("model_type")
-            if model_type is not None and model_type != cls.model_type and model_type not in CONFIG_MAPPING:
-                raise ValueError(f"unknown model_type {model_type!r} ({cls.__name__} reads {cls.model_type!r})")
-            return super().from_dict(config_dict, **kwargs)
-        except (ValueError, TypeError) as error:
-            if kwargs.get("name_or_path") is None:
-                raise
-            raise config_file_error(kwargs["name_or_path"], kwargs, error) from None
-
-    # Copied from posformers.configuration_roformer.RoFormerConfig.from_preset with RoFormer->LittleBird
-    @classmethod
-    def from_preset(cls, name: str, **overrides) -> "LittleBirdConfig":
-        """A config of one of the sizes in `PRESETS`, with optional overrides."""
-        if name not in PRESETS:
-            raise ValueError(f"Unknown preset {name!r} for {cls.__name__}; choose one of {sorted(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
-
-    # Copied from posformers.configuration_roformer.RoFormerConfig.head_dim
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
     def validate_fields(self):
         """Check every field; runs on creation and again when a model is built (fields may change in between)."""
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "block_size",
-            "pack_length",
-            "global_prefix_length",
-        ):
+        check_common_fields(self)
+        for name in ("block_size", "pack_length", "global_prefix_length"):
             check_integer(self, name)
         if self.global_prefix_length > self.block_size:
             raise ValueError(
@@ -246,12 +141,8 @@ class LittleBirdConfig(PreTrainedConfig):
                 f"({self.num_attention_heads})"
             )
         check_integer(self, "type_vocab_size", 0)
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            check_probability(self, name)
         check_finite_number(self, "layer_norm_eps", positive=True)
         check_finite_number(self, "initializer_range")
-        check_pad_token_id(self)
-        check_span_selection_fields(self)
         if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
             raise ValueError(
                 f"LittleBirdConfig.hidden_act must be one of transformers' activations, got {self.hidden_act!r}"
@@ -267,8 +158,6 @@ class LittleBirdConfig(PreTrainedConfig):
             raise ValueError(
                 f"LittleBirdConfig.bialibi_init must be one of {BIALIBI_INITS} or a finite number >= 0, got {init!r}"
             )
-        if self.unpad_inputs not in UNPAD_MODES:
-            raise ValueError(f"LittleBirdConfig.unpad_inputs must be one of {UNPAD_MODES}, got {self.unpad_inputs!r}")
         if self.is_decoder or self.add_cross_attention:
             raise ValueError(
                 "LittleBirdConfig.is_decoder / add_cross_attention must be False: LittleBird is a bidirectional "
@@ -276,4 +165,4 @@ class LittleBirdConfig(PreTrainedConfig):
             )
 
 
-__all__ = ["AUTO_MAP", "PRESETS", "UNPAD_MODES", "LittleBirdConfig"]
+__all__ = ["AUTO_MAP", "PRESETS", "QA_HEADS", "UNPAD_MODES", "LittleBirdConfig"]

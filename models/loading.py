@@ -2,10 +2,11 @@
 
 transformers loads the weights; nothing here loads them again. When loading fails, `explain_load_error` looks at the
 checkpoint's files (the local folder, or the Hub files already in the cache) and, if it finds the cause, returns a
-`CheckpointError` whose message names the file and the problem: a truncated or corrupted safetensors file, a shard
-index that is not JSON or names a missing shard, a tensor of the wrong shape, a pickle that would run code. After a
-load, `check_loaded_dtypes` refuses a floating-point weight stored as integers or booleans, which transformers would
-silently cast. Only safetensors headers are read (the 8-byte length and the JSON after it), never tensor data.
+`CheckpointError` (an OSError; for a tensor of the wrong shape also the RuntimeError transformers raises) whose message
+names the file and the problem: a truncated or corrupted safetensors file, a shard index that is not JSON or names a
+missing shard, a tensor of the wrong shape, a pickle that would run code. After a load, `check_loaded_dtypes` refuses
+a floating-point weight stored as integers or booleans, which transformers would silently cast. Only safetensors
+headers are read (the 8-byte length and the JSON after it), never tensor data.
 
 This file imports only torch and transformers, like the modeling file that uses it: `save_pretrained` copies it
 beside the weights for `trust_remote_code` users.
@@ -36,6 +37,11 @@ _LOCATION_KWARGS = ("cache_dir", "revision", "subfolder", "token")
 
 class CheckpointError(OSError):
     """A weight file that is not what it claims; the message names the file and the problem."""
+
+
+class CheckpointShapeError(CheckpointError, RuntimeError):
+    """Tensors of the wrong shape. Also a RuntimeError, what transformers raises for them: code written for
+    transformers catches that."""
 
 
 def local_file(name_or_path, filename: str, kwargs: dict) -> str | None:
@@ -195,7 +201,7 @@ def _loads_safely(path: str) -> bool:
     return True
 
 
-def _shape_mismatch(model_class, name_or_path, kwargs: dict, headers: dict[str, dict]) -> CheckpointError:
+def _shape_mismatch(model_class, name_or_path, kwargs: dict, headers: dict[str, dict]) -> CheckpointShapeError:
     config = kwargs.get("config")
     if not hasattr(config, "to_dict"):
         location = {key: kwargs[key] for key in _LOCATION_KWARGS if kwargs.get(key) is not None}
@@ -211,7 +217,7 @@ def _shape_mismatch(model_class, name_or_path, kwargs: dict, headers: dict[str, 
                 shapes = f"{tuple(tensors[key]['shape'])}, the model expects {tuple(tensor.shape)}"
                 mismatches.append(f"{os.path.basename(file)}: {key} has shape {shapes}")
     where = "; ".join(mismatches[:3]) + (f"; ... ({len(mismatches)} in all)" if len(mismatches) > 3 else "")
-    return CheckpointError(
+    return CheckpointShapeError(
         f"{name_or_path}: tensors of the wrong shape for {model_class.__name__}"
         + (f" ({where})" if where else "")
         + "; pass ignore_mismatched_sizes=True to initialise them afresh instead"
@@ -234,3 +240,21 @@ def check_loaded_dtypes(model, name_or_path, kwargs: dict) -> None:
                     f"{file}: tensor {key} is stored as {tensors[key]['dtype']}, the model's {model_key} is "
                     f"{str(tensor.dtype).removeprefix('torch.')}; the file is not a checkpoint of this model"
                 )
+
+
+class CheckedLoadingMixin:
+    """`from_pretrained` with the checks above, for a `PreTrainedModel` to inherit before `PreTrainedModel`: weights
+    that are not what they claim (a truncated or corrupted safetensors file, a shard index naming a missing shard, a
+    tensor of the wrong shape or dtype, a pickle that would run code) end in one `CheckpointError` naming the file and
+    the problem, not in a traceback from inside safetensors or torch."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            if (problem := explain_load_error(cls, pretrained_model_name_or_path, kwargs, error)) is None:
+                raise
+            raise problem from None
+        check_loaded_dtypes(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path, kwargs)
+        return loaded

@@ -18,7 +18,7 @@ import torch
 import transformers
 from helpers import python_env, run_python
 from helpers.modeling import assert_same_outputs, tensor_outputs, tiny_config
-from helpers.remote import assert_loaded_remotely, assert_no_posformers, auto_heads, load_remote, saved_heads
+from helpers.remote import assert_loaded_remotely, assert_no_posformers, auto_heads, load_remote
 from huggingface_hub import ModelCard
 from safetensors import safe_open
 
@@ -141,28 +141,6 @@ def test_auto_class_loads_posformers_class_in_process(auto_name, tmp_dir):
 def test_auto_model_loads_posformers_base_model_from_head_checkpoint(tmp_dir):
     tiny_model("AutoModelForMaskedLM").save_pretrained(tmp_dir)
     assert type(transformers.AutoModel.from_pretrained(tmp_dir)) is posformers.RoFormerModel
-
-
-@pytest.fixture(scope="module")
-def remote_code_load(scratch):
-    """Each head saved to a folder, then loaded with trust_remote_code=True by a child that cannot import posformers."""
-    heads = saved_heads(AUTO_MAP, tiny_model, tiny_inputs, scratch)
-    jobs = {name: (auto_name, folder, inputs) for name, (auto_name, folder, _, inputs) in heads.items()}
-    expected = {name: tensor_outputs(model, inputs) for name, (_, _, model, inputs) in heads.items()}
-    return load_remote(jobs, env=python_env(scratch / "hf-home"), cwd=scratch), expected
-
-
-@pytest.mark.slow
-def test_remote_code_child_cannot_import_posformers(remote_code_load):
-    result, _ = remote_code_load
-    assert_no_posformers(result)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("auto_name", sorted(HEADS))
-def test_remote_code_load_matches_in_process_outputs(remote_code_load, auto_name):
-    result, expected = remote_code_load
-    assert_loaded_remotely(result, auto_name, HEADS[auto_name], expected[auto_name])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -429,9 +407,10 @@ def test_pushed_model_loads_from_hub_as_posformers_class(pushed):
 @pytest.mark.slow
 def test_push_to_hub_writes_model_card(pushed, hub_server):
     card = readme(hub_server, REPO_MLM)
+    # The pushed model was loaded from a folder without a model card: nothing says under which licence its weights are.
     assert card.data.to_dict() == {
         "library_name": "transformers",
-        "license": "apache-2.0",
+        "license": "unknown",
         "pipeline_tag": "fill-mask",
         "tags": ["posformers", "roformer"],
     }
