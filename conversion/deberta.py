@@ -79,6 +79,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
+from posformers._extras import install_hint
 from posformers.configuration_deberta import OFFICIAL_COMMON_DEFAULTS, pooler_fields
 from posformers.conversion import core
 from posformers.conversion.core import ConversionError, log
@@ -290,7 +291,13 @@ def posformers_config(official: dict):
         raise ConversionError(f"the source config is not a valid DeBERTa config: {error}") from error
 
 
-def key_map(head: str, keeps_positions: bool, drop_task_heads: bool = False, gdes: bool = False) -> core.KeyMap:
+def key_map(
+    head: str,
+    keeps_positions: bool,
+    drop_task_heads: bool = False,
+    gdes: bool = False,
+    relative_attention: bool = True,
+) -> core.KeyMap:
     """Official names -> posformers names for the `head` output. keeps_positions: the output reads the absolute
     position table (input bias, or the Enhanced Mask Decoder). drop_task_heads: drop (with the reason) the tensors of
     task heads other than `head` instead of stopping on them (when the user chose `--head` explicitly). gdes: the
@@ -313,6 +320,11 @@ def key_map(head: str, keeps_positions: bool, drop_task_heads: bool = False, gde
     elif drop_task_heads:
         dropped[r"(pooler\.dense|classifier|qa_outputs)\.(weight|bias)"] = (
             f"fine-tuned task head: not part of the {HEAD_CLASSES[head]} output (--head chose it)"
+        )
+    if not relative_attention:
+        dropped[r"deberta\.encoder\.LayerNorm\.(weight|bias)"] = (
+            "LayerNorm of the relative embedding table (norm_rel_ebd): without relative attention there is no table "
+            "and nothing reads it"
         )
     if not keeps_positions:
         dropped[r"deberta\.embeddings\.position_embeddings\.weight"] = (
@@ -359,8 +371,8 @@ def load_tokenizer(source_dir: Path, vocab: str | None, version: str):
         return _bpe_tokenizer(location, explicit=bool(vocab))
     except ImportError as error:
         raise ConversionError(
-            f"{location}: reading spm.model needs the sentencepiece and protobuf packages: "
-            "pip install 'posformers[sentencepiece]' (or pass --vocab a folder with tokenizer.json)"
+            f"{location}: reading spm.model needs sentencepiece and protobuf, the sentencepiece extra: "
+            f"{install_hint('sentencepiece')} (or pass --vocab a folder with tokenizer.json)"
         ) from error
     except (OSError, ValueError) as error:
         raise ConversionError(f"{location}: could not load the DeBERTa tokenizer ({error})") from error
@@ -804,7 +816,13 @@ class DebertaSource(core.Source):
         default (the key accounting names the missing table); `HFSource` converts it."""
 
     def key_map(self) -> core.KeyMap:
-        return key_map(self.head, self.keeps_positions, drop_task_heads=self.args.head != "auto", gdes=self.gdes)
+        return key_map(
+            self.head,
+            self.keeps_positions,
+            drop_task_heads=self.args.head != "auto",
+            gdes=self.gdes,
+            relative_attention=self.config.relative_attention,
+        )
 
     def complete(self, target, report):
         stored_dtypes = sorted({str(tensor.dtype).removeprefix("torch.") for tensor in target.values()})

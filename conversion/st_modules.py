@@ -16,6 +16,7 @@ from pathlib import Path
 
 from torch import nn
 
+from posformers._extras import install_hint
 from posformers.conversion.core import ConversionError
 
 # pooler_activation -> the torch module sentence-transformers' Dense saves by class path
@@ -32,7 +33,7 @@ def write_pooler_modules(folder: str | Path) -> list[str]:
         from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
     except ImportError as error:
         raise ConversionError(
-            '--sentence-transformers needs the sentence-transformers package: pip install "posformers[st]"'
+            f"--sentence-transformers needs sentence-transformers, the st extra: {install_hint('st')}"
         ) from error
     folder = Path(folder)
     transformer = Transformer(str(folder))

@@ -25,6 +25,7 @@ from huggingface_hub.utils import validate_repo_id
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from posformers._extras import install_hint
 from posformers.integrations.hub import DEFAULT_LICENSE
 
 from .checkpoints import PREEMPTED_EXIT_STATUS, checkpoint_problems, last_complete_checkpoint
@@ -143,7 +144,8 @@ class RunArguments:
         default=None,
         metadata={
             "help": "Train LoRA adapters of this rank (and the head) instead of the whole model; the output folder "
-            "then holds the adapter and LOAD_ADAPTER.md says how to load it. Needs peft (pip install posformers[peft])."
+            "then holds the adapter and LOAD_ADAPTER.md says how to load it. Needs the peft extra: "
+            + install_hint("peft")
         },
     )
     lora_alpha: float | None = dataclasses.field(

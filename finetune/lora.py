@@ -18,6 +18,8 @@ from pathlib import Path
 
 from transformers import TrainingArguments
 
+from posformers._extras import install_hint
+
 from .arguments import ModelArguments, RunArguments
 from .errors import ArgumentError
 
@@ -44,7 +46,7 @@ def apply_lora(
     try:
         from posformers.integrations.peft import add_lora
     except ImportError as error:
-        raise ArgumentError(f"--lora_r needs peft: pip install posformers[peft] ({error})") from error
+        raise ArgumentError(f"--lora_r needs the peft extra ({error}): {install_hint('peft')}") from error
     model = add_lora(
         model,
         run_args.lora_r,
@@ -68,7 +70,7 @@ def write_loading_note(folder, base: str, auto_class: str, **config_kwargs) -> N
     text = f"""# A LoRA adapter, not a whole model
 
 This folder holds LoRA adapters and the fine-tuned head (`adapter_config.json`, `adapter_model.safetensors`) for the
-base model `{base}`, which is loaded from there. With peft installed (`pip install posformers[peft]`):
+base model `{base}`, which is loaded from there. With peft installed (`pip install peft`):
 
 ```python
 import posformers  # registers the posformers model types with the Auto classes

@@ -27,6 +27,7 @@ import yaml
 from transformers import TrainerCallback, TrainingArguments
 from transformers.modelcard import TASK_TAG_TO_NAME_MAPPING, TrainingSummary
 
+from posformers._extras import install_hint
 from posformers.integrations import hub
 
 logger = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ def plot_training_curves(log_history: list[dict], path) -> Path | None:
     """Draw the training loss (and eval_loss) and each evaluation metric against the step into `path` (a PNG).
 
     Returns the path, or None when there is nothing to draw or matplotlib is not installed (then one log line says
-    so: matplotlib is optional, `pip install 'posformers[plots]'`).
+    so: matplotlib is optional, the `plots` extra).
     """
     losses = [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry and "step" in entry]
     evaluations = [entry for entry in log_history if "step" in entry and any(k.startswith("eval_") for k in entry)]
@@ -153,7 +154,7 @@ def plot_training_curves(log_history: list[dict], path) -> Path | None:
     try:
         from matplotlib.figure import Figure  # the object API: no pyplot, no global backend to choose
     except ImportError:
-        logger.warning("matplotlib is not installed: no %s (pip install 'posformers[plots]')", CURVES_FILE)
+        logger.warning("matplotlib is not installed: no %s (the plots extra: %s)", CURVES_FILE, install_hint("plots"))
         return None
     metrics = curve_metrics(evaluations)
     figure = Figure(figsize=(4.2 * (1 + len(metrics)), 3.4), layout="constrained")

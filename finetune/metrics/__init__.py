@@ -25,8 +25,10 @@ finetune/ner_metrics.py.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import evaluate
+if TYPE_CHECKING:
+    import evaluate
 
 METRICS_DIR = Path(__file__).resolve().parent
 NAMES = ("glue", "squad", "squad_v2", "seqeval")
@@ -42,5 +44,7 @@ def path(name: str) -> str:
 def load(name: str, config_name: str | None = None, **kwargs) -> evaluate.EvaluationModule:
     """`evaluate.load` of posformers' metric `name`; kept in memory unless `keep_in_memory=False` is passed (nothing is
     written under evaluate's cache, and every process of a distributed run computes on its own)."""
+    import evaluate  # here, not at the top: it costs the scripts a second of start-up (`--help` included)
+
     kwargs.setdefault("keep_in_memory", True)
     return evaluate.load(path(name), config_name, **kwargs)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from datasets import Dataset
 from transformers import AutoModelForQuestionAnswering
 from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.pipelines.base import ChunkPipeline
@@ -145,6 +144,9 @@ class QuestionAnsweringPipeline(ChunkPipeline):
         def logits(name: str) -> np.ndarray:  # (windows, width), padded with -inf
             rows = [window[name].float().reshape(-1).cpu().numpy() for window in windows]
             return np.stack([np.pad(row, (0, width - len(row)), constant_values=-np.inf) for row in rows])
+
+        # datasets is the train extra's, as is posformers.finetune, whose import above says so in one line if missing
+        from datasets import Dataset
 
         features = Dataset.from_dict(
             {

@@ -129,7 +129,10 @@ def test_without_matplotlib_a_note_instead_of_a_crash(tmp_path, monkeypatch, cap
     )
     assert not (out / "training_curves.png").exists()
     notes = [r.message for r in caplog.records if "matplotlib is not installed" in r.message]
-    assert notes == ["matplotlib is not installed: no training_curves.png (pip install 'posformers[plots]')"]
+    assert notes == [
+        "matplotlib is not installed: no training_curves.png (the plots extra: "
+        "pip install -e '.[plots]' in a clone, or pip install 'posformers[plots]' once released)"
+    ]
     metadata, body = front_matter(out / "README.md")
     assert metadata["model-index"][0]["results"][0]["task"]["type"] == "token-classification"
     assert "training_curves.png" not in body
