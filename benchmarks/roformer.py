@@ -83,7 +83,7 @@ def build_suite(max_seq_len: int) -> Suite:
         profile_functions=[
             "posformers.modeling_roformer:apply_rotary",
             "posformers.modeling_roformer:create_bidirectional_mask",
-            "posformers.modeling_roformer:_check_inputs",
+            "posformers.modeling_roformer:check_inputs",
             "transformers.models.roformer.modeling_roformer:create_bidirectional_mask",
             "transformers.models.bert.modeling_bert:create_bidirectional_mask",
         ],

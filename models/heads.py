@@ -10,7 +10,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.utils import is_torchdynamo_compiling
 
-from .packing import flattened_restarts
+from .packing import PackedBatch, flattened_restarts, pack_padded, plan_packing, zero_padding
 
 
 def maybe_tuple(output, return_dict, config):
@@ -35,10 +35,59 @@ def flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor 
     return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
 
 
-def run_on_real_tokens(head: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor, packing):
-    """A token-level head on the real tokens only when the pass was packed: pack -> head -> unpack, zeros at padded
-    positions (their labels are -100, so the loss is unchanged). hidden_states: the base model's
-    `last_hidden_state`, (B, L, d) or (1, N, d) for a flattened batch; returns the head's output in that layout."""
+def input_packing(config, input_ids, inputs_embeds, attention_mask, position_ids, kwargs: dict) -> PackedBatch | None:
+    """The packing `plan_packing` gives a head's inputs, planned by the head itself rather than read off the base
+    model's output (call it after the base model, which has checked the inputs). Where the base model's own pass
+    ruled packing out (output_attentions), a padded batch may be packed here: the heads' outputs on it are the same
+    either way (per-token outputs hold zeros at padding on both paths); packed, token heads skip padded positions."""
+    reference = input_ids if input_ids is not None else inputs_embeds
+    cu_seq_lens = kwargs.get("cu_seq_lens_q", kwargs.get("cu_seq_lens_k"))
+    shape = tuple(reference.shape[:2])
+    return plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, device=reference.device)
+
+
+def run_base_model(
+    head,
+    input_ids,
+    attention_mask,
+    token_type_ids,
+    position_ids,
+    inputs_embeds,
+    output_attentions,
+    output_hidden_states,
+    kwargs: dict,
+):
+    """A head's pass through its base model (`head.base_model`, with return_dict=True): its outputs, and the packing
+    they come in (`input_packing`), which the heads read."""
+    outputs = head.base_model(
+        input_ids,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+        position_ids=position_ids,
+        inputs_embeds=inputs_embeds,
+        output_attentions=output_attentions,
+        output_hidden_states=output_hidden_states,
+        return_dict=True,
+        **kwargs,
+    )
+    return outputs, input_packing(head.config, input_ids, inputs_embeds, attention_mask, position_ids, kwargs)
+
+
+def run_on_real_tokens(
+    head: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor, packing, attention_mask=None
+):
+    """A token-level head on the real tokens only: pack -> head -> unpack, zeros at padded positions (their labels are
+    -100, so the loss is unchanged). hidden_states: the base model's `last_hidden_state`, (B, L, d) or (1, N, d) for a
+    flattened batch; returns the head's output in that layout.
+
+    A padded pass's batch is packed here by its 2D `attention_mask`: its states at padding are zeros, and a head's
+    LayerNorm over a constant vector has a backward of 0 * inf = NaN in float16 (1 / sqrt(eps) overflows). An exported
+    graph (ONNX), which cannot take shapes from the mask's values, runs the head on every position and zeroes padding.
+    """
+    if packing is None and attention_mask is not None and attention_mask.dim() == 2:
+        if torch.compiler.is_exporting():
+            return zero_padding(head(hidden_states), attention_mask)
+        packing = pack_padded(attention_mask)
     if packing is None or packing.flattened:
         return head(hidden_states)
     return packing.unpack(head(packing.pack(hidden_states)))
@@ -263,3 +312,17 @@ class QuestionAwareSpanSelectionHead(nn.Module):
         start_queries = self.start_classifier(self.query_start_transform(question_states))  # (B, Q, d)
         end_queries = self.end_classifier(self.query_end_transform(question_states))
         return start_queries @ start_tokens.transpose(1, 2), end_queries @ end_tokens.transpose(1, 2)
+
+
+class MaskedLMDecoderEmbeddings:
+    """`get_output_embeddings` / `set_output_embeddings` for a masked-LM model laid out as BERT's, the decoder at
+    `self.cls.predictions.decoder` and its bias at `self.cls.predictions.bias`, where transformers' defaults (which
+    look for `lm_head`) find nothing. Inherit it before the model's `PreTrainedModel` base."""
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.predictions.decoder = new_embeddings
+        if new_embeddings.bias is not None:
+            self.cls.predictions.bias = new_embeddings.bias

@@ -1,8 +1,8 @@
 """PyTorch DeBERTa v1, v2 and v3 (He et al. 2021, "DeBERTa: Decoding-enhanced BERT with Disentangled Attention";
 He et al. 2023, "DeBERTaV3").
 
-Reads top to bottom in the order data flows: relative positions, padding-free packing, embeddings, disentangled
-attention, layer, convolution, encoder, pre-trained base, base model, heads. Parameter names are those of the official
+Reads top to bottom in the order data flows: relative positions, embeddings, disentangled attention and its kernels,
+layer, convolution, encoder, pre-trained base, base model, heads. Parameter names are those of the official
 checkpoints in Hugging Face format (`deberta.*`, `lm_predictions.lm_head.*`, `mask_predictions.*`, `pooler.*`,
 `classifier.*`), so they load unchanged; v1 checkpoints keep their fused `in_proj` layout
 (`config.projection_layout="fused"`).
@@ -16,12 +16,12 @@ projections of that table (weights only) are cached per layer and the position b
 
 Padding-free (`config.unpad_inputs`, flattened batches): the real tokens run as one packed (1, N) row through the
 embeddings, projections, FFN and norms; attention runs per length group of sequences (`grouped_attention`), each group
-with the relative positions of its own width, the position projections computed once per layer for the longest
-sequence and sliced per group; the v2 convolution runs per sequence. The heads read the packing from
-`outputs.packing`.
+with the relative positions of its own width (memoised on the `PackedBatch` for the pass), the position projections
+computed once per layer for the longest sequence and sliced per group; the v2 convolution runs per sequence. The heads
+read the packing from `outputs.packing`. Per-token outputs hold zeros at padded positions on either path.
 
-This file imports only torch, transformers and its sibling `configuration_deberta.py`: `save_pretrained` copies both
-to the Hub for `trust_remote_code` users.
+This file imports only torch, transformers and its sibling modules (configuration, packing, inputs, heads, attention,
+loading): `save_pretrained` copies them to the Hub for `trust_remote_code` users.
 """
 
 import math
@@ -45,7 +45,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import ModelOutput, is_torchdynamo_compiling, logging
 
-from .attention import FLEX_BACKWARD_DEVICES, FUSED_IMPLEMENTATIONS, flex_attention_available, flex_attention_kernel
+from .attention import FLEX_BACKWARD_DEVICES, flex_attention_available, flex_attention_kernel
 from .configuration_deberta import DebertaConfig, parse_norm_rel_ebd
 from .heads import (
     QuestionAwareSpanSelectionHead,
@@ -63,9 +63,9 @@ from .heads import (
     span_logits,
     span_selection_loss,
 )
-from .inputs import check_index_ranges, check_input_types, check_per_token, input_shape
-from .loading import check_loaded_dtypes, explain_load_error
-from .packing import AttentionGroup, PackedBatch, grouped_attention, plan_packing
+from .inputs import check_inputs
+from .loading import CheckedLoadingMixin
+from .packing import AttentionGroup, PackedBatch, grouped_attention, plan_packing, zero_padding
 
 logger = logging.get_logger(__name__)
 
@@ -311,46 +311,16 @@ class InferenceCache:
         return bias
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Padding-free execution: the real tokens of a batch as one (1, N) row, attention per sequence
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PackedPositions:
-    """What the layers need to attend a packed batch: its packing, and its relative positions. Attention runs per
-    length group (`grouped_attention`), each group a padded batch of its own width, so each width gets its own
-    `RelativePositions` (None without relative attention), built once per forward pass and shared by the layers.
-    `widest` (the longest sequence's) reaches every relative row any group uses: each layer projects those rows once
-    and every group reads its slice of them (`position_rows_within`)."""
-
-    packing: PackedBatch
-    by_width: dict[int, RelativePositions | None]
-    widest: RelativePositions | None
-
-    @property
-    def cache(self) -> "InferenceCache | None":
-        return self.widest.cache if self.widest is not None else None
-
-    @cache.setter
-    def cache(self, cache: "InferenceCache | None") -> None:
-        for positions in (self.widest, *self.by_width.values()):
-            if positions is not None:
-                positions.cache = cache
-
-
-def packed_positions(packing: PackedBatch, config: DebertaConfig, device) -> PackedPositions:
-    """The `PackedPositions` of `packing`: `relative_positions` for every attention-group width and the longest
-    sequence (None each without relative attention)."""
-
-    def positions(length: int) -> RelativePositions | None:
-        return relative_positions(length, config, device) if config.relative_attention else None
-
-    by_width = {}
-    for group in packing.groups():
-        if group.width not in by_width:
-            by_width[group.width] = positions(group.width)
-    return PackedPositions(packing=packing, by_width=by_width, widest=positions(max(packing.lengths, default=1) or 1))
+def relative_positions_of(
+    length: int, config: DebertaConfig, device, packing: PackedBatch | None = None
+) -> RelativePositions | None:
+    """`relative_positions(length, ...)`, None without relative attention. With `packing` (a padding-free pass) built
+    once per pass and width: the longest sequence's and each attention group's, shared by the layers."""
+    if not config.relative_attention:
+        return None
+    if packing is None:
+        return relative_positions(length, config, device)
+    return packing.memo(("deberta relative positions", length), lambda: relative_positions(length, config, device))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -401,36 +371,42 @@ class DebertaEmbeddings(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def eager_attention(query, key, value, position_bias, attention_mask, scaling: float, dropout: float, training: bool):
-    """Softmax attention with an additive position bias. query, key, value: (B, H, L, D); position_bias:
-    (B, H, L, L), already scaled, or None; attention_mask: bool, True = attend, broadcastable to (B, H, L, L), or
-    None. Returns ((B, L, H, D), weights (B, H, L, L))."""
+# The kernels, one signature: transformers' attention interface (module, query, key, value, attention_mask, scaling,
+# dropout) plus the disentangled position terms (pos_key, pos_query and the RelativePositions they index), returning
+# ((B, L, H, D), weights or None). A table of DeBERTa's own rather than transformers' `AttentionInterface`: its kernels
+# would run without the c2p/p2c scores, and registering these there would offer them to every other model.
+# attention_mask: bool, True = attend, broadcastable to (B, H, L, L), or None.
+
+
+def disentangled_bias(query, key, pos_key, pos_query, positions) -> torch.Tensor | None:
+    """The (B, H, L, L) position bias, scaled, or None without relative attention."""
+    if positions is None or (pos_key is None and pos_query is None):
+        return None
+    return position_bias(query, key, pos_key, pos_query, positions)
+
+
+def eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *, pos_key, pos_query, positions):
+    """Softmax attention with the position bias added to the scores; returns the weights too."""
     scores = torch.matmul(query * scaling, key.transpose(-1, -2))
-    if position_bias is not None:
-        scores = scores + position_bias
+    bias = disentangled_bias(query, key, pos_key, pos_query, positions)
+    if bias is not None:
+        scores = scores + bias
     if attention_mask is not None:
         scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=training)
+    weights = F.dropout(weights, p=dropout, training=dropout > 0)
     return torch.matmul(weights, value).transpose(1, 2), weights
 
 
-def sdpa_attention(query, key, value, position_bias, attention_mask, scaling: float, dropout: float, training: bool):
-    """`scaled_dot_product_attention` with the position bias as a float mask (padding filled with the dtype's
-    minimum, never -inf). Same arguments and output layout as `eager_attention`, without weights."""
-    if position_bias is None:
-        # a boolean mask would become -inf inside sdpa: a row of padding only would then give NaN
-        mask = attention_mask
-        if attention_mask is not None:
+def sdpa_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *, pos_key, pos_query, positions):
+    """`scaled_dot_product_attention` with the position bias as a float mask, padding filled with the dtype's minimum
+    (a boolean mask would become -inf inside sdpa, and a row of padding only NaN)."""
+    mask = disentangled_bias(query, key, pos_key, pos_query, positions)
+    if attention_mask is not None:
+        if mask is None:
             mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
-            mask = mask.masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
-    elif attention_mask is None:
-        mask = position_bias
-    else:
-        mask = position_bias.masked_fill_(~attention_mask, torch.finfo(position_bias.dtype).min)
-    context = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout if training else 0.0, scale=scaling
-    )
+        mask = mask.masked_fill_(~attention_mask, torch.finfo(mask.dtype).min)
+    context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return context.transpose(1, 2), None
 
 
@@ -512,14 +488,15 @@ def document_block_mask(cu_seqlens: torch.Tensor, length: int, block_size: int =
     return blocks_to_mask((meet & ~full)[None], full[None], mask_mod, length, block_size)
 
 
-def fused_attention(query, key, value, c2p_table, p2c_table, positions, block_mask, scaling: float):
-    """Disentangled attention in one FlexAttention kernel, the position scores read from their tables in its
-    score_mod: score(i, j) + c2p_table[i, R - 1 - r(i - j)] + p2c_table[r(i - j), j].
+def fused_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *, pos_key, pos_query, positions):
+    """Disentangled attention in one FlexAttention kernel, the position scores read from their tables
+    (`position_score_tables`) in its score_mod: score(i, j) + c2p_table[i, R - 1 - r(i - j)] + p2c_table[r(i - j), j].
+    No dropout (`DisentangledSelfAttention.implementation` sends a pass with dropout to sdpa). attention_mask: as the
+    other kernels', or a BlockMask (a packed row's `document_block_mask`); a key mask becomes
+    `key_padding_block_mask`. positions: those of L, or of the longest sequence of a packed row."""
+    from torch.nn.attention.flex_attention import BlockMask
 
-    query, key, value: (B, H, L, D); c2p_table (B, H, L, R), p2c_table (B, H, R, L), already scaled, or None;
-    positions: the RelativePositions the tables were built for (L, or the longest sequence of a packed row), or None;
-    block_mask: a BlockMask (`key_padding_block_mask`, `document_block_mask`) or None. Returns (B, L, H, D).
-    """
+    c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query)
     score_mod = None
     if positions is not None and (c2p_table is not None or p2c_table is not None):
         p2c_rows, c2p_columns, offset = kernel_distance_rows(positions)
@@ -533,10 +510,16 @@ def fused_attention(query, key, value, c2p_table, p2c_table, positions, block_ma
                 score = score + p2c_table[batch, head, p2c_rows[distance], kv_idx]
             return score
 
+    block_mask = attention_mask
+    if attention_mask is not None and not isinstance(attention_mask, BlockMask):
+        block_mask = key_padding_block_mask(attention_mask[:, 0, 0])
     context = flex_attention_kernel(query.device.type)(
         query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling
     )
-    return context.transpose(1, 2)
+    return context.transpose(1, 2), None
+
+
+ATTENTION_KERNELS = {"eager": eager_attention, "sdpa": sdpa_attention, "posformers_fused": fused_attention}
 
 
 class DisentangledSelfAttention(nn.Module):
@@ -671,94 +654,79 @@ class DisentangledSelfAttention(nn.Module):
         hidden_states: torch.Tensor,
         rel_embeddings: torch.Tensor | None,
         query_states: torch.Tensor | None = None,
-        positions: RelativePositions | PackedPositions | None = None,
+        positions: RelativePositions | None = None,
         attention_mask: torch.Tensor | None = None,
+        packing: PackedBatch | None = None,
         output_attentions: bool = False,
         **kwargs,
     ):
-        """`positions` is a `PackedPositions` when the batch runs padding-free: hidden_states (and query_states) are
-        then the packed (1, N, hidden) tokens, and attention runs per length group with each group's key mask.
-        `**kwargs` (e.g. the Trainer's `num_items_in_batch`) are accepted and unused: the kernels take none."""
-        batch_size, seq_len = hidden_states.shape[:2]
+        """hidden_states (B, L, hidden), or with `packing` the packed (1, N, hidden) tokens, whose attention then runs
+        per length group (the fused kernel: over the whole row, sequences kept apart by a block mask). positions: the
+        RelativePositions of L (with `packing`: of the longest sequence), or None. `**kwargs` (e.g. the Trainer's
+        `num_items_in_batch`) are accepted and unused: the kernels take none. Returns ((B, L, hidden), weights)."""
         query, key, value = self.project_content(hidden_states, query_states)
-        widest = positions.widest if isinstance(positions, PackedPositions) else positions
         pos_key = pos_query = None
-        if self.relative_attention and rel_embeddings is not None and widest is not None and self.pos_att_type:
-            pos_key, pos_query = self.position_projections(rel_embeddings, widest)
-
-        implementation = self.config._attn_implementation or "eager"
-        if output_attentions and implementation != "eager":
-            implementation = "eager"  # only the eager kernel returns the weights
-        if implementation in FUSED_IMPLEMENTATIONS:
-            implementation = self.fused_or_sdpa(query, attention_mask)
-        if implementation == "posformers_fused":
-            c2p_table, p2c_table = position_score_tables(query, key, pos_key, pos_query)
-            if isinstance(positions, PackedPositions):
-                packing = positions.packing
-                cache = packing.__dict__.setdefault("_block_masks", {})  # one per pass, shared by the layers
-                if "document" not in cache:
-                    cache["document"] = document_block_mask(packing.cu_seqlens, packing.num_tokens)
-                block_mask = cache["document"]
-            else:
-                block_mask = key_padding_block_mask(attention_mask[:, 0, 0]) if attention_mask is not None else None
-            context = fused_attention(query, key, value, c2p_table, p2c_table, widest, block_mask, self.scaling)
-            return context.reshape(batch_size, seq_len, -1), None
-        if not isinstance(positions, PackedPositions):
-            context, weights = self.attend(
-                query, key, value, pos_key, pos_query, positions, attention_mask, implementation
-            )
-            return context.reshape(batch_size, seq_len, -1), weights
+        if rel_embeddings is not None and positions is not None and self.pos_att_type:
+            pos_key, pos_query = self.position_projections(rel_embeddings, positions)
+        implementation = self.implementation(query, attention_mask, output_attentions)
+        kernel = ATTENTION_KERNELS[implementation]
+        dropout = self.attention_dropout if self.training else 0.0
+        if packing is None or implementation == "posformers_fused":
+            if packing is not None:
+                attention_mask = packing.memo(
+                    "deberta document block mask", lambda: document_block_mask(packing.cu_seqlens, packing.num_tokens)
+                )
+            context, weights = kernel(
+                self, query, key, value, attention_mask, self.scaling, dropout,
+                pos_key=pos_key, pos_query=pos_query, positions=positions,
+            )  # fmt: skip
+            return context.flatten(2), weights
 
         def attend_group(group: AttentionGroup, group_query, group_key, group_value):
-            group_query, group_key, group_value = (t.transpose(1, 2) for t in (group_query, group_key, group_value))
-            group_positions = positions.by_width[group.width]
-            group_pos_key, group_pos_query = pos_key, pos_query
-            if pos_key is not None or pos_query is not None:
-                group_pos_key, group_pos_query = position_rows_within(pos_key, pos_query, widest, group_positions)
+            group_positions, group_pos_key, group_pos_query = None, pos_key, pos_query
+            if positions is not None:
+                group_positions = relative_positions_of(group.width, self.config, query.device, packing)
+                group_positions.cache = positions.cache
+                if pos_key is not None or pos_query is not None:
+                    group_pos_key, group_pos_query = position_rows_within(
+                        pos_key, pos_query, positions, group_positions
+                    )
             # a group of equal lengths has no padding: no mask, as the padded path without padding
             mask = None if group.rows * group.width == group.slots.numel() else group.key_mask[:, None, None, :]
-            context, _ = self.attend(
-                group_query,
-                group_key,
-                group_value,
-                group_pos_key,
-                group_pos_query,
-                group_positions,
-                mask,
-                implementation,
-            )
+            group_query, group_key, group_value = (t.transpose(1, 2) for t in (group_query, group_key, group_value))
+            context, _ = kernel(
+                self, group_query, group_key, group_value, mask, self.scaling, dropout,
+                pos_key=group_pos_key, pos_query=group_pos_query, positions=group_positions,
+            )  # fmt: skip
             return context  # (rows, width, H, D)
 
         # grouped_attention takes (1, N, H, D) views of the (1, H, N, D) projections; each group gets (rows, width,
         # H, D), attended as (rows, H, width, D)
-        packed = (t.transpose(1, 2) for t in (query, key, value))
-        context = grouped_attention(positions.packing, attend_group, *packed)
-        return context.reshape(batch_size, seq_len, -1), None
+        context = grouped_attention(packing, attend_group, *(t.transpose(1, 2) for t in (query, key, value)))
+        return context.flatten(2), None
 
-    def fused_or_sdpa(self, query: torch.Tensor, attention_mask: torch.Tensor | None) -> str:
-        """ "posformers_fused" when the fused kernel can run this pass, else "sdpa" (noted once per reason): it has no
-        attention dropout, reads key masks only (not a (B, L, L) mask), and trains only where FlexAttention has a
-        backward (`FLEX_BACKWARD_DEVICES`)."""
+    def implementation(self, query: torch.Tensor, attention_mask, output_attentions: bool) -> str:
+        """The kernel of this pass: the configured one, except "eager" for output_attentions (only it returns the
+        weights), and "sdpa" (noted once per reason) where the fused kernel cannot run: attention dropout, a (B, L, L)
+        mask (it reads key masks only), a backward where FlexAttention has none (`FLEX_BACKWARD_DEVICES`), or a CPU
+        graph being compiled (inductor's CPU FlexAttention template, see `compiled_flex_attention`)."""
+        implementation = self.config._attn_implementation or "eager"
+        if output_attentions:
+            return "eager"
+        if implementation != "posformers_fused":
+            return implementation
         if self.training and self.attention_dropout > 0:
             reason = "attention dropout (set attention_probs_dropout_prob=0 to train with the fused kernel)"
         elif attention_mask is not None and attention_mask.shape[-2] != 1:
             reason = "a (B, L, L) attention_mask (pass the 2D padding mask)"
         elif query.requires_grad and query.device.type not in FLEX_BACKWARD_DEVICES:
             reason = f"a backward pass on {query.device.type} (FlexAttention has a backward on {FLEX_BACKWARD_DEVICES})"
+        elif query.device.type == "cpu" and is_torchdynamo_compiling():
+            reason = "torch.compile on CPU (inductor's CPU FlexAttention kernel is not exact on every CPU)"
         else:
-            return "posformers_fused"
+            return implementation
         logger.warning_once(f"The fused DeBERTa attention runs the sdpa kernel for {reason}.")
         return "sdpa"
-
-    def attend(self, query, key, value, pos_key, pos_query, positions, attention_mask, implementation: str):
-        """Disentangled attention of (B, H, L, D) queries, keys and values, with the position keys and queries of the
-        relative rows `positions` (RelativePositions or None) uses; attention_mask bool (True = attend) broadcastable
-        to (B, H, L, L), or None. Returns (context (B, L, H, D), weights (B, H, L, L) from the eager kernel, else
-        None)."""
-        args = (self.scaling, self.attention_dropout, self.training)
-        bias = position_bias(query, key, pos_key, pos_query, positions) if positions is not None else None
-        kernel = eager_attention if implementation == "eager" else sdpa_attention
-        return kernel(query, key, value, bias, attention_mask, *args)
 
 
 class DebertaSelfOutput(nn.Module):
@@ -768,7 +736,6 @@ class DebertaSelfOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    # Copied from posformers.modeling_roformer.RoFormerSelfOutput.forward
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
@@ -796,7 +763,6 @@ class DebertaIntermediate(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
 
-    # Copied from posformers.modeling_roformer.RoFormerIntermediate.forward
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.intermediate_act_fn(self.dense(hidden_states))
 
@@ -808,7 +774,6 @@ class DebertaOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    # Copied from posformers.modeling_roformer.RoFormerOutput.forward
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
@@ -830,6 +795,7 @@ class DebertaLayer(GradientCheckpointingLayer):
         query_states: torch.Tensor | None = None,
         positions: RelativePositions | None = None,
         attention_mask: torch.Tensor | None = None,
+        packing: PackedBatch | None = None,
         output_attentions: bool = False,
         **kwargs,
     ):
@@ -839,6 +805,7 @@ class DebertaLayer(GradientCheckpointingLayer):
             query_states,
             positions=positions,
             attention_mask=attention_mask,
+            packing=packing,
             output_attentions=output_attentions,
             **kwargs,
         )
@@ -896,10 +863,16 @@ class DebertaEncoder(nn.Module):
         self.layer = nn.ModuleList([DebertaLayer(config) for _ in range(config.num_hidden_layers)])
         if config.relative_attention:
             self.rel_embeddings = nn.Embedding(2 * config.relative_span, config.hidden_size)
-        if "layer_norm" in parse_norm_rel_ebd(config.norm_rel_ebd):
+        if config.relative_attention and "layer_norm" in parse_norm_rel_ebd(config.norm_rel_ebd):
             self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         if config.conv_kernel_size > 0:
             self.conv = DebertaConvLayer(config)
+
+    def relative_positions(self, hidden_states: torch.Tensor, packing: PackedBatch | None) -> RelativePositions | None:
+        """Those of the input's length, or of a packed pass's longest sequence (which reach every row its groups
+        use)."""
+        length = hidden_states.shape[1] if packing is None else max(packing.max_seqlen, 1)
+        return relative_positions_of(length, self.config, hidden_states.device, packing)
 
     def get_rel_embedding(self, positions: RelativePositions | None) -> torch.Tensor | None:
         """The relative embedding table, normalised when `norm_rel_ebd` says so: (2k, hidden), or None.
@@ -927,16 +900,18 @@ class DebertaEncoder(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        positions: RelativePositions | None,
         input_mask: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
+        packing: PackedBatch | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         **kwargs,
     ) -> BaseModelOutput:
+        """hidden_states: the embeddings, (B, L, hidden), or with `packing` the packed (1, N, hidden) tokens;
+        input_mask (B, L) bool and attention_mask (bool, broadcastable to (B, H, L, L)) from `attention_masks`."""
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        packing = positions.packing if isinstance(positions, PackedPositions) else None
+        positions = self.relative_positions(hidden_states, packing)
         rel_embeddings = self.get_rel_embedding(positions)
         embedding_output = hidden_states
         for i, layer_module in enumerate(self.layer):
@@ -945,6 +920,7 @@ class DebertaEncoder(nn.Module):
                 rel_embeddings,
                 positions=positions,
                 attention_mask=attention_mask,
+                packing=packing,
                 output_attentions=output_attentions,
                 **kwargs,
             )
@@ -964,7 +940,7 @@ class DebertaEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class DebertaPreTrainedModel(PreTrainedModel):
+class DebertaPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     config_class = DebertaConfig
     config: DebertaConfig
     base_model_prefix = "deberta"
@@ -974,9 +950,15 @@ class DebertaPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["DebertaLayer"]
     _supports_sdpa = True
-    _supports_flex_attn = True
     # Official checkpoints carry the absolute position table (used by the EMD only) and the pre-training heads.
-    _keys_to_ignore_on_load_unexpected = [r"position_embeddings", r"^lm_predictions\.", r"^mask_predictions\."]
+    # Without relative attention nothing reads the relative table's LayerNorm (norm_rel_ebd), so it is not built;
+    # checkpoints that carry it still load.
+    _keys_to_ignore_on_load_unexpected = [
+        r"position_embeddings",
+        r"^lm_predictions\.",
+        r"^mask_predictions\.",
+        r"(^|\.)encoder\.LayerNorm\.",
+    ]
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:
@@ -986,10 +968,14 @@ class DebertaPreTrainedModel(PreTrainedModel):
         return True
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """transformers' choice, plus "posformers_fused" (the fused kernel, `fused_attention`), which is also the
-        default where CUDA is available; elsewhere the default stays "sdpa" (the faster kernel on CPU)."""
-        if requested_attention is None and torch.cuda.is_available() and flex_attention_available():
-            requested_attention = "posformers_fused"
+        """transformers' choice ("sdpa" by default, on every device), plus "posformers_fused" (the fused kernel,
+        `fused_attention`, opt-in: it has not been measured on a GPU). "flex_attention" (transformers' FlexAttention
+        kernel) cannot add the disentangled scores and is refused."""
+        if requested_attention == "flex_attention":
+            raise ValueError(
+                "attn_implementation='flex_attention' (transformers' FlexAttention kernel) cannot run DeBERTa's "
+                "disentangled attention; use attn_implementation='posformers_fused', DeBERTa's FlexAttention kernel"
+            )
         if requested_attention == "posformers_fused":
             if not flex_attention_available():
                 raise ValueError(
@@ -998,22 +984,6 @@ class DebertaPreTrainedModel(PreTrainedModel):
                 )
             return requested_attention
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
-
-    # Copied from posformers.modeling_roformer.RoFormerPreTrainedModel.from_pretrained
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' `from_pretrained`; weights that are not what they claim (a truncated or corrupted safetensors
-        file, a shard index naming a missing shard, a tensor of the wrong shape or dtype, a pickle that would run code)
-        end in one `CheckpointError` (an OSError) naming the file and the problem, not in a traceback from inside
-        safetensors or torch."""
-        try:
-            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        except Exception as error:
-            if (problem := explain_load_error(cls, pretrained_model_name_or_path, kwargs, error)) is None:
-                raise
-            raise problem from None
-        check_loaded_dtypes(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path, kwargs)
-        return loaded
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -1025,50 +995,13 @@ class DebertaPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-def _check_inputs(
-    config: DebertaConfig,
-    input_ids,
-    inputs_embeds,
-    attention_mask,
-    token_type_ids,
-    position_ids,
-    absolute_positions: bool,
-    dtype: torch.dtype,
-):
-    """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch.
-
-    absolute_positions: whether the model reads the absolute position table (input bias or Enhanced Mask Decoder);
-    dtype: the model's.
-    """
-    inputs = dict(
-        input_ids=input_ids,
-        inputs_embeds=inputs_embeds,
-        attention_mask=attention_mask,
-        token_type_ids=token_type_ids,
-        position_ids=position_ids,
-    )
-    check_input_types(inputs, dtype)
-    shape = input_shape(input_ids, inputs_embeds, config.embedding_size)
-    if attention_mask is not None:
-        expected = [shape, (shape[0], shape[1], shape[1])]
-        if tuple(attention_mask.shape) not in expected:
-            raise ValueError(
-                f"attention_mask must have shape (batch, seq_len) = {shape} or (batch, seq_len, seq_len), got "
-                f"{tuple(attention_mask.shape)}"
-            )
-    check_per_token("token_type_ids", token_type_ids, shape)
-    check_per_token("position_ids", position_ids, shape)
-    checks = [("input_ids", input_ids, config.vocab_size)]
-    if config.type_vocab_size > 0:
-        checks.append(("token_type_ids", token_type_ids, config.type_vocab_size))
-    if absolute_positions:
-        checks.append(("position_ids", position_ids, config.max_position_embeddings))
-        if position_ids is None and shape[1] > config.max_position_embeddings:
-            raise ValueError(
-                f"Input of {shape[1]} tokens is longer than max_position_embeddings="
-                f"{config.max_position_embeddings}, the size of the absolute position table this model reads"
-            )
-    check_index_ranges(checks)
+def check_mask(attention_mask: torch.Tensor, shape: tuple[int, int]) -> None:
+    """DeBERTa's mask rule: a (batch, seq_len) padding mask, or a (batch, seq_len, seq_len) mask of query/key pairs."""
+    if tuple(attention_mask.shape) not in (shape, (*shape, shape[1])):
+        raise ValueError(
+            f"attention_mask must have shape (batch, seq_len) = {shape} or (batch, seq_len, seq_len), got "
+            f"{tuple(attention_mask.shape)}"
+        )
 
 
 def attention_masks(attention_mask: torch.Tensor | None, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -1109,11 +1042,6 @@ class DebertaModel(DebertaPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    def relative_positions(self, seq_len: int, device) -> RelativePositions | None:
-        if not self.config.relative_attention:
-            return None
-        return relative_positions(seq_len, self.config, device)
-
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1130,18 +1058,23 @@ class DebertaModel(DebertaPreTrainedModel):
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         return_dict = return_dict if return_dict is not None else config.return_dict
-        _check_inputs(
+        inputs = dict(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+        )
+        reads_positions = hasattr(self.embeddings, "position_embeddings")
+        shape = check_inputs(
             config,
-            input_ids,
-            inputs_embeds,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            absolute_positions=hasattr(self.embeddings, "position_embeddings"),
-            dtype=self.dtype,
+            inputs,
+            self.dtype,
+            embedding_size=config.embedding_size,
+            check_mask=check_mask,
+            position_limit=config.max_position_embeddings if reads_positions else None,
         )
         device = input_ids.device if input_ids is not None else inputs_embeds.device
-        shape = tuple((input_ids if input_ids is not None else inputs_embeds).shape[:2])
         packing = self.plan_packing(shape, attention_mask, position_ids, output_attentions, kwargs, device)
         if packing is not None:
             output = self._packed_forward(
@@ -1156,13 +1089,16 @@ class DebertaModel(DebertaPreTrainedModel):
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, input_mask, inputs_embeds)
         output = self.encoder(
             hidden_states,
-            self.relative_positions(seq_len, device),
             input_mask,
             mask,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             **kwargs,
         )
+        # zeros at padded positions, as the padding-free path leaves them
+        output.last_hidden_state = zero_padding(output.last_hidden_state, attention_mask)
+        if output.hidden_states is not None:
+            output.hidden_states = tuple(zero_padding(h, attention_mask) for h in output.hidden_states)
         output.packing = None  # the padded path (see _packed_forward)
         return output if return_dict else output.to_tuple()
 
@@ -1208,15 +1144,7 @@ class DebertaModel(DebertaPreTrainedModel):
         input_ids = packing.pack(input_ids) if input_ids is not None else None
         inputs_embeds = packing.pack(inputs_embeds) if inputs_embeds is not None else None
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, None, inputs_embeds)
-        device = hidden_states.device
-        output = self.encoder(
-            hidden_states,
-            packed_positions(packing, self.config, device),
-            None,
-            None,
-            output_hidden_states=output_hidden_states,
-            **kwargs,
-        )
+        output = self.encoder(hidden_states, None, None, packing, output_hidden_states=output_hidden_states, **kwargs)
         hidden = output.hidden_states
         output = BaseModelOutput(
             last_hidden_state=packing.restore(output.last_hidden_state),
@@ -1283,7 +1211,8 @@ class DebertaEnhancedMaskDecoder(nn.Module):
             return packing.restore(
                 self._decode(packing.pack(sequence_output), deberta, layer_input, position_ids, packing)
             )
-        return self._decode(sequence_output, deberta, layer_input, position_ids, attention_mask=attention_mask)
+        logits = self._decode(sequence_output, deberta, layer_input, position_ids, attention_mask=attention_mask)
+        return zero_padding(logits, attention_mask)
 
     def _decode(self, sequence_output, deberta, layer_input, position_ids, packing=None, attention_mask=None):
         """The decoder steps and the LM head on (B, L, hidden) states, or on packed (1, N, hidden) ones (`packing`)."""
@@ -1293,20 +1222,20 @@ class DebertaEnhancedMaskDecoder(nn.Module):
                 if position_ids is None:
                     position_ids = torch.arange(seq_len, device=device)[None]
                 _, mask = attention_masks(attention_mask, device)
-                positions = deberta.relative_positions(seq_len, device)
             else:
                 layer_input = packing.pack(layer_input)
                 if position_ids is None:
                     position_ids = packing.position_ids()
                 elif not packing.flattened:
                     position_ids = packing.pack(position_ids.expand(packing.rows, packing.width))
-                mask, positions = None, packed_positions(packing, deberta.config, device)
+                mask = None
+            positions = deberta.encoder.relative_positions(sequence_output, packing)
             rel_embeddings = deberta.encoder.get_rel_embedding(positions)
             layer = deberta.encoder.layer[-1]
             query_states = layer_input + deberta.embeddings.position_embeddings(position_ids)
             for _ in range(self.steps):
                 query_states, _ = layer(
-                    layer_input, rel_embeddings, query_states, positions=positions, attention_mask=mask
+                    layer_input, rel_embeddings, query_states, positions=positions, attention_mask=mask, packing=packing
                 )
             sequence_output = query_states
         return self.lm_head(sequence_output)
@@ -1365,6 +1294,8 @@ class DebertaForMaskedLM(DebertaPreTrainedModel):
         **kwargs,
     ) -> MaskedLMOutput | tuple:
         decoder = self.lm_predictions
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         outputs = self.deberta(
             input_ids,
             attention_mask=attention_mask,
@@ -1381,10 +1312,11 @@ class DebertaForMaskedLM(DebertaPreTrainedModel):
             emd_inputs = dict(
                 deberta=self.deberta,
                 layer_input=outputs.hidden_states[-2],
-                attention_mask=attention_mask,
                 position_ids=position_ids,
             )
-        logits = decoder(outputs.last_hidden_state, packing=outputs.packing, **emd_inputs)
+        logits = decoder(
+            outputs.last_hidden_state, attention_mask=attention_mask, packing=outputs.packing, **emd_inputs
+        )
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -1418,12 +1350,12 @@ class DebertaMaskPredictionHead(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.classifier = nn.Linear(config.hidden_size, 1)
 
-    def forward(self, hidden_states: torch.Tensor, packing: PackedBatch | None = None) -> torch.Tensor:
-        """hidden_states: (B, L, hidden) -> logits (B, L). With `packing` (the pass ran padding-free), only the real
-        tokens are scored, each with its own sequence's first token (zeros at padding); a flattened batch's
-        (1, N, hidden) gives (1, N)."""
+    def forward(self, hidden_states: torch.Tensor, packing: PackedBatch | None = None, attention_mask=None):
+        """hidden_states: (B, L, hidden) -> logits (B, L), zeros at the padding of a 2D `attention_mask`. With
+        `packing` (the pass ran padding-free), only the real tokens are scored, each with its own sequence's first
+        token (zeros at padding); a flattened batch's (1, N, hidden) gives (1, N)."""
         if packing is None:
-            return self.score(hidden_states, hidden_states[:, :1])
+            return zero_padding(self.score(hidden_states, hidden_states[:, :1]), attention_mask)
         tokens = packing.pack(hidden_states)
         sequence_starts = packing.cu_seqlens[:-1].long()[packing.indices // packing.width]  # (N,)
         return packing.restore(self.score(tokens, tokens[:, sequence_starts]))
@@ -1467,7 +1399,7 @@ class DebertaForReplacedTokenDetection(DebertaPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.mask_predictions(outputs.last_hidden_state, outputs.packing)
+        logits = self.mask_predictions(outputs.last_hidden_state, outputs.packing, attention_mask)
         loss = None
         if labels is not None:
             labels = labels.to(logits.device)
@@ -1600,7 +1532,10 @@ class DebertaForTokenClassification(DebertaPreTrainedModel):
             **kwargs,
         )
         logits = run_on_real_tokens(
-            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, outputs.packing
+            lambda states: self.classifier(self.dropout(states)),
+            outputs.last_hidden_state,
+            outputs.packing,
+            attention_mask,
         )
         loss = None
         if labels is not None:

@@ -20,11 +20,13 @@ and memory are O(B H L (s + 4b)) and no (L x L) tensor is ever built.
 Padding-free execution (`config.unpad_inputs`, flattened batches): the embeddings, every projection, the feed-forward
 blocks and the LayerNorms run on the real tokens only, packed into one (1, N, d) row; the attentions stay per example
 (block pattern, BiALiBi, pack attention with per-example pack states), run on length groups of the examples, each
-group padded to whole blocks (`PackedLayout`, `LittleBirdLayer.packed_attention`).
+group padded to whole blocks (`group_layouts`, memoised on the `PackedBatch`; `LittleBirdLayer.packed_attention`).
+Per-token outputs hold zeros at padded positions on both paths.
 
-Reads top to bottom in the order data flows: block-sparse math (small pure functions), embeddings, attention, layer,
-encoder, pre-trained base, base model, heads. This file imports only torch, transformers and its sibling
-`configuration_littlebird.py`: `save_pretrained` copies both to the Hub for `trust_remote_code` users.
+Reads top to bottom in the order data flows: block-sparse math (small pure functions), the kernels, embeddings,
+attention, layer, encoder, pre-trained base, base model, heads. This file imports only torch, transformers and its
+sibling modules (configuration_littlebird, packing, inputs, heads, attention, loading): `save_pretrained` copies them
+to the Hub for `trust_remote_code` users.
 """
 
 import math
@@ -48,10 +50,12 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import is_torchdynamo_compiling, logging
 
-from .attention import FLEX_BACKWARD_DEVICES, FUSED_IMPLEMENTATIONS, flex_attention_available, flex_attention_kernel
+from .attention import FLEX_BACKWARD_DEVICES, flex_attention_available, flex_attention_kernel
 from .configuration_littlebird import LittleBirdConfig
 from .heads import (
+    MaskedLMDecoderEmbeddings,
     QuestionAwareSpanSelectionHead,
+    SpanSelectionTransform,
     check_span_selection,
     count_choices,
     find_questions,
@@ -61,14 +65,15 @@ from .heads import (
     question_span_logits,
     real_token_mask,
     refuse_flattened,
+    run_base_model,
     run_on_real_tokens,
     single_question_logits,
     span_logits,
     span_selection_loss,
 )
-from .inputs import check_index_ranges, check_input_types, check_per_token, input_shape
-from .loading import check_loaded_dtypes, explain_load_error
-from .packing import PackedBatch, grouped_attention, plan_packing
+from .inputs import check_inputs, check_padding_mask, check_per_token
+from .loading import CheckedLoadingMixin
+from .packing import PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
 
 logger = logging.get_logger(__name__)
 
@@ -184,7 +189,8 @@ class BlockSparseLayout:
     real_blocks: (B,) long, each example's number of real blocks `m` (`window_key_blocks`).
     token_keys: (B, n * b) bool, which token positions are real keys (False for padding and past L).
     global_prefix_length: as in `bialibi_distances`.
-    kernel_cache: what the fused kernel builds once per pass and every layer reuses (its block mask).
+    block_mask: the fused kernel's FlexAttention BlockMask (`unpack_sliding_window_block_mask`), built with the
+        layout when the fused kernel is selected (`fused=True`), so every layer of the pass reuses it; else None.
 
     Padding may also sit between real tokens (Padding Insertion, a training recipe of the paper): such keys are
     masked like any padding, but they keep their positions, so they lengthen BiALiBi distances and move later tokens
@@ -202,7 +208,7 @@ class BlockSparseLayout:
     real_blocks: torch.Tensor
     token_keys: torch.Tensor
     global_prefix_length: int = 1
-    kernel_cache: dict = field(default_factory=dict, repr=False)
+    block_mask: object | None = field(default=None, repr=False)
 
     @property
     def keys_per_block(self) -> int:
@@ -219,9 +225,11 @@ class BlockSparseLayout:
         dtype: torch.dtype,
         device: torch.device,
         global_prefix_length: int = 1,
+        fused: bool = False,
     ) -> "BlockSparseLayout":
         """attention_mask: (B, L), 1 = real token, a real first token (right padding and inserted padding), or None
-        (every token real). global_prefix_length: positions distance-free like [CLS] (`bialibi_distances`)."""
+        (every token real). global_prefix_length: positions distance-free like [CLS] (`bialibi_distances`). fused:
+        also build the fused kernel's block mask."""
         b, s = block_size, pack_length
         n, pack_blocks = math.ceil(seq_len / b), math.ceil(s / b)
         min_value = torch.finfo(dtype).min
@@ -259,7 +267,7 @@ class BlockSparseLayout:
         pack_rows = torch.arange(pack_blocks * b, device=device).expand(batch_size, n, -1)
         window_rows = ((pack_blocks + key_blocks.clamp_max(n - 1))[..., None] * b + offsets).flatten(-2)
         key_index = stack_starts + torch.cat((pack_rows, window_rows), dim=-1)  # (B, n, w)
-        return cls(
+        layout = cls(
             block_size=b,
             num_blocks=n,
             pack_length=s,
@@ -274,6 +282,9 @@ class BlockSparseLayout:
             else ((torch.arange(n * b, device=device) < seq_len).expand(batch_size, -1)),
             global_prefix_length=global_prefix_length,
         )
+        if fused:
+            layout.block_mask = unpack_sliding_window_block_mask(layout)
+        return layout
 
 
 def real_extent(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -483,7 +494,8 @@ def unpack_sliding_window_attention(
     - without a graph to build, a chunk goes through SDPA (fused: no (b, w) scores per block are kept);
     - training (a graph, no weights asked for) takes `LeanUnpackSlidingWindow`, which recomputes each chunk's scores
       in backward instead of keeping them;
-    - need_weights takes the explicit products, all blocks in one chunk when building a graph.
+    - need_weights takes the explicit products, all blocks in one chunk; the context is computed from the weights
+      returned, so a gradient reaches them (attention attribution).
     """
     batch, seq_len, heads, head_dim = query.shape
     b, n, w = layout.block_size, layout.num_blocks, layout.keys_per_block
@@ -503,34 +515,40 @@ def unpack_sliding_window_attention(
         return context[:, :seq_len], None
 
     query_blocks = query.view(batch * n, b, heads, head_dim).transpose(1, 2)  # (B n, H, b, d_h)
+    if need_weights:
+        every_block = slice(0, batch * n)
+        key_windows, value_windows = _window_rows(key_rows, value_rows, layout, every_block)
+        scores = _window_scores(query_blocks, key_windows, coefficients, layout, every_block, scaling)
+        weights = F.softmax(scores, dim=-1).to(query.dtype).view(batch, n, heads, b, w).transpose(1, 2)
+        blocked = F.dropout(weights, p=dropout, training=dropout > 0).transpose(1, 2).reshape(batch * n, heads, b, w)
+        context = torch.matmul(blocked, value_windows).transpose(1, 2)  # (B n, b, H, d_h)
+        return context.reshape(batch, n * b, heads, head_dim)[:, :seq_len], weights  # weights: (B, H, n, b, w)
+
     # A graph keeps every chunk's tensors anyway, and the backward of each chunk's gather would fill and add a
     # gradient of all the keys: one chunk then. An exported graph (ONNX) has one chunk too: it serves every length.
     chunk = batch * n if building_graph or torch.compiler.is_exporting() else chunk
-    contexts, all_weights = [], []
+    contexts = []
     for start in range(0, batch * n, chunk):
         blocks = slice(start, min(start + chunk, batch * n))
         key_windows, value_windows = _window_rows(key_rows, value_rows, layout, blocks)
-        if need_weights:
-            scores = _window_scores(query_blocks[blocks], key_windows, coefficients, layout, blocks, scaling)
-            weights = F.softmax(scores, dim=-1).to(query.dtype)
-            context = torch.matmul(F.dropout(weights, p=dropout, training=dropout > 0), value_windows)
-            all_weights.append(weights)
-        else:
-            bias = _window_bias(coefficients, layout, blocks, query.dtype)
-            context = F.scaled_dot_product_attention(
-                query_blocks[blocks], key_windows, value_windows, attn_mask=bias, dropout_p=dropout, scale=scaling
-            )
+        bias = _window_bias(coefficients, layout, blocks, query.dtype)
+        context = F.scaled_dot_product_attention(
+            query_blocks[blocks], key_windows, value_windows, attn_mask=bias, dropout_p=dropout, scale=scaling
+        )
         contexts.append(context.transpose(1, 2))  # (blocks, b, H, d_h)
-    context = torch.cat(contexts).view(batch, n * b, heads, head_dim)[:, :seq_len]
-    weights = None
-    if need_weights:
-        weights = torch.cat(all_weights).view(batch, n, heads, b, w).transpose(1, 2)
-    return context, weights
+    return torch.cat(contexts).view(batch, n * b, heads, head_dim)[:, :seq_len], None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The fused kernel: USWAttn as one FlexAttention call
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+FLEX_ATTENTION_REFUSAL = (
+    "attn_implementation='flex_attention' names transformers' FlexAttention kernel, which cannot run LittleBird's "
+    "unpack + sliding-window attention; use attn_implementation='posformers_fused', LittleBird's own FlexAttention "
+    "kernel"
+)
 
 
 # The smallest tile of the block mask: every default configuration of FlexAttention's CUDA kernels divides 128, and some
@@ -640,14 +658,29 @@ def bialibi_score_mod(alpha: torch.Tensor, beta: torch.Tensor, gamma: torch.Tens
 
 
 def fused_unpack_sliding_window_attention(
-    query, key, value, pack_key, pack_value, alpha, beta, gamma, layout: BlockSparseLayout, scaling: float
-) -> torch.Tensor:
-    """USWAttn (`unpack_sliding_window_attention`, without dropout or weights) in one FlexAttention kernel, forward and
-    backward: what it keeps for backward is O(L d) (q, the key and value rows, the context and the logsumexp).
+    query,
+    key,
+    value,
+    pack_key,
+    pack_value,
+    alpha,
+    beta,
+    gamma,
+    layout: BlockSparseLayout,
+    scaling: float,
+    dropout: float = 0.0,
+    need_weights: bool = False,
+):
+    """USWAttn (`unpack_sliding_window_attention`, whose signature it shares) in one FlexAttention kernel, forward and
+    backward: what it keeps for backward is O(L d) (q, the key and value rows, the context and the logsumexp). It has
+    no attention dropout and returns no weights (`LittleBirdSelfAttention.kernel` runs the block-sparse products for
+    passes that need them), and reads the block mask built with `layout` (`BlockSparseLayout.build(fused=True)`).
 
     query, key, value: (B, L, H, d_h); pack_key, pack_value: (B, s, H, d_h); alpha, beta, gamma: (H,).
-    Returns the context (B, L, H, d_h).
+    Returns the context (B, L, H, d_h) and None.
     """
+    if dropout > 0 or need_weights:
+        raise ValueError("the fused LittleBird kernel has no attention dropout and returns no weights")
     seq_len, kernel = query.shape[1], KernelLayout.of(layout)
 
     def padded(tensor, slots):  # (B, l, H, d_h) -> (B, H, slots, d_h), zeros after l (finite, as in `_key_rows`)
@@ -656,64 +689,73 @@ def fused_unpack_sliding_window_attention(
     query = padded(query, kernel.query_slots)
     key_rows = torch.cat((padded(pack_key, kernel.pack_slots), padded(key, kernel.token_slots)), dim=2)
     value_rows = torch.cat((padded(pack_value, kernel.pack_slots), padded(value, kernel.token_slots)), dim=2)
-    if "block_mask" not in layout.kernel_cache:
-        layout.kernel_cache["block_mask"] = unpack_sliding_window_block_mask(layout)
     context = flex_attention_kernel(query.device.type)(
         query,
         key_rows,
         value_rows,
         score_mod=bialibi_score_mod(alpha, beta, gamma, layout),
-        block_mask=layout.kernel_cache["block_mask"],
+        block_mask=layout.block_mask,
         scale=scaling,
     )
-    return context.transpose(1, 2)[:, :seq_len]  # (B, L, H, d_h)
+    return context.transpose(1, 2)[:, :seq_len], None  # (B, L, H, d_h)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Padding-free execution: the dense layers on the real tokens as one (1, N) row, the attention per example
-# ---------------------------------------------------------------------------------------------------------------------
+# USWAttn's kernels by `attn_implementation`, one signature (`unpack_sliding_window_attention`'s), chosen in
+# `LittleBirdSelfAttention.kernel`. They are not transformers' `AttentionInterface` functions: USWAttn's keys are the
+# unpacked pack keys plus 4 blocks gathered per query block through a `BlockSparseLayout`, with a bias built from
+# trainable slopes, which no (query, key, value, attention_mask) kernel there can take; and "flex_attention", which
+# names transformers' own FlexAttention kernel across posformers, cannot run it (LittleBird refuses that name).
+UNPACK_SLIDING_WINDOW_KERNELS = {
+    "eager": unpack_sliding_window_attention,
+    "posformers_fused": fused_unpack_sliding_window_attention,
+}
 
 
-@dataclass
-class PackedLayout:
-    """What a packed forward pass (`PackedBatch`) needs in every layer: the length groups its sequences are attended
-    in, each with its `BlockSparseLayout` and the batch rows it holds; built once per forward pass.
+def attention_layout(config: LittleBirdConfig, attention_mask, shape, dtype, device) -> BlockSparseLayout:
+    """The `BlockSparseLayout` of one padded batch of `shape` (B, L) (the whole batch on the padded path, a length group
+    of a packed pass), with the fused kernel's block mask when that kernel is selected."""
+    return BlockSparseLayout.build(
+        attention_mask,
+        *shape,
+        config.block_size,
+        config.pack_length,
+        dtype=dtype,
+        device=device,
+        global_prefix_length=config.global_prefix_length,
+        fused=config._attn_implementation == "posformers_fused",
+    )
 
-    The block pattern, BiALiBi and the pack attention stay per example, so each group is attended as the padded batch
-    of its sequences, at a width rounded up to whole blocks: what the padded path computes for those rows alone, and
-    the same at their real tokens (a real token's output does not depend on the padding after it, see
-    `window_key_blocks`). Pack states stay (rows, s, d) in the batch's row order; groups hold rows in length order.
 
-    layouts: `id(group)` -> (rows (group.rows,) long: the batch rows in the group's order, the group's layout).
+def group_layouts(config: LittleBirdConfig, packing: PackedBatch, dtype) -> dict[int, tuple]:
+    """The layouts of a packed pass's length groups, memoised on the packing (every layer attends the same groups):
+    `id(group)` -> (the batch rows the group holds, in its order; its `BlockSparseLayout`).
+
+    Each group is attended as the padded batch of its sequences, at a width rounded up to whole blocks: what the padded
+    path computes for those rows alone, and the same at their real tokens (a real token's output does not depend on
+    the padding after it, see `window_key_blocks`). Pack states stay (rows, s, d) in the batch's row order; groups
+    hold rows in length order.
     """
 
-    packing: PackedBatch
-    block_size: int
-    layouts: dict[int, tuple[torch.Tensor, BlockSparseLayout]]
-
-    @classmethod
-    def build(
-        cls, packing: PackedBatch, block_size: int, pack_length: int, dtype, device, global_prefix_length: int = 1
-    ) -> "PackedLayout":
-        layouts = {}
-        starts = packing.cu_seqlens.long()
-        for group in packing.groups(block_size):
+    def build():
+        layouts, starts = {}, packing.cu_seqlens.long()
+        for group in packing.groups(config.block_size):
             # A group row's first slot holds its sequence's first token; the last start at or before it is the row
             # (rows of padding only share a start with the next row and are in no group).
             first_tokens = group.gather.view(group.rows, group.width)[:, 0].contiguous()
             rows = torch.searchsorted(starts, first_tokens, right=True) - 1
-            layout = BlockSparseLayout.build(
-                group.key_mask,
-                group.rows,
-                group.width,
-                block_size,
-                pack_length,
-                dtype=dtype,
-                device=device,
-                global_prefix_length=global_prefix_length,
-            )
+            layout = attention_layout(config, group.key_mask, (group.rows, group.width), dtype, first_tokens.device)
             layouts[id(group)] = (rows, layout)
-        return cls(packing=packing, block_size=block_size, layouts=layouts)
+        return layouts
+
+    return packing.memo(("littlebird_group_layouts", dtype), build)
+
+
+def attention_dtype(hidden_states: torch.Tensor) -> torch.dtype:
+    """The dtype attention computes in, which its masks take the minimum of: autocast's where it is on (the states
+    leave the embeddings in float32 there, and float32's minimum would overflow to -inf, and -inf times a zero bias
+    feature is NaN), else the states'."""
+    device_type = hidden_states.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden_states.dtype
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -734,7 +776,6 @@ class LittleBirdEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.pack_embeddings = nn.Parameter(torch.empty(config.pack_length, config.hidden_size))
 
-    # Copied from posformers.modeling_roformer.RoFormerEmbeddings.forward
     def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
@@ -858,20 +899,27 @@ class LittleBirdSelfAttention(nn.Module):
             heads(self.key(pack_context)),
             heads(self.value(pack_context)),
         )
-        slopes = (self.alpha, self.beta, self.gamma)
-        fused = not output_attentions and self.config._attn_implementation in FUSED_IMPLEMENTATIONS
-        if fused and self.fused_kernel_runs(pieces[0]):
-            context = fused_unpack_sliding_window_attention(*pieces, *slopes, layout, self.scaling)
-            return context.reshape(query.shape), None
-        context, weights = unpack_sliding_window_attention(
+        context, weights = self.kernel(pieces[0], output_attentions)(
             *pieces,
-            *slopes,
+            self.alpha,
+            self.beta,
+            self.gamma,
             layout,
             scaling=self.scaling,
             dropout=self.attention_dropout if self.training else 0.0,
             need_weights=output_attentions,
         )
         return context.reshape(query.shape), weights
+
+    def kernel(self, query: torch.Tensor, output_attentions: bool):
+        """The one place a USWAttn kernel is chosen (`UNPACK_SLIDING_WINDOW_KERNELS`): `config._attn_implementation`'s,
+        or the block-sparse products ("eager") for a pass the fused kernel cannot run."""
+        implementation = self.config._attn_implementation
+        if implementation == "flex_attention":
+            raise ValueError(FLEX_ATTENTION_REFUSAL)
+        if implementation == "posformers_fused" and not output_attentions and self.fused_kernel_runs(query):
+            return UNPACK_SLIDING_WINDOW_KERNELS["posformers_fused"]
+        return UNPACK_SLIDING_WINDOW_KERNELS["eager"]
 
     def fused_kernel_runs(self, query: torch.Tensor) -> bool:
         """Whether the fused kernel can run this pass (else the block-sparse products run, noted once per reason): it
@@ -899,7 +947,6 @@ class LittleBirdSelfOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    # Copied from posformers.modeling_roformer.RoFormerSelfOutput.forward
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
@@ -927,7 +974,6 @@ class LittleBirdIntermediate(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
 
-    # Copied from posformers.modeling_roformer.RoFormerIntermediate.forward
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.intermediate_act_fn(self.dense(hidden_states))
 
@@ -940,7 +986,6 @@ class LittleBirdOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    # Copied from posformers.modeling_roformer.RoFormerOutput.forward
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
@@ -955,6 +1000,7 @@ class LittleBirdLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: LittleBirdConfig, updates_pack: bool = True):
         super().__init__()
+        self.config = config
         self.pack_attention = LittleBirdPackAttention(config, updates_pack)
         self.attention = LittleBirdAttention(config)
         self.intermediate = LittleBirdIntermediate(config)
@@ -962,12 +1008,18 @@ class LittleBirdLayer(GradientCheckpointingLayer):
         self.feed_forward_chunk = max(1, FEED_FORWARD_CHUNK_ELEMENTS // config.intermediate_size)
 
     def forward(
-        self, hidden_states, pack_states, layout: BlockSparseLayout | PackedLayout, output_attentions=False, **kwargs
+        self,
+        hidden_states,
+        pack_states,
+        layout: BlockSparseLayout | None,
+        packing: PackedBatch | None = None,
+        output_attentions=False,
+        **kwargs,
     ):
-        """hidden_states: (B, L, d) with a `BlockSparseLayout`, or the real tokens packed into (1, N, d) with a
-        `PackedLayout`; pack_states: (B or rows, s, d)."""
-        if isinstance(layout, PackedLayout):
-            context, pack_context = self.packed_attention(hidden_states, pack_states, layout)
+        """hidden_states: (B, L, d) with the batch's `layout` (padded path), or the real tokens of `packing` as one
+        (1, N, d) row (padding-free path, `layout` None); pack_states: (B or rows, s, d)."""
+        if packing is not None:
+            context, pack_context = self.packed_attention(hidden_states, pack_states, packing)
             pack_states = self.pack_attention.update(pack_context, pack_states)
             attention_output, weights, pack_weights = self.attention.output(context, hidden_states), None, None
         else:
@@ -1006,7 +1058,7 @@ class LittleBirdLayer(GradientCheckpointingLayer):
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             return self.output(activation, tokens)
 
-    def packed_attention(self, hidden_states, pack_states, layout: PackedLayout):
+    def packed_attention(self, hidden_states, pack_states, packing: PackedBatch):
         """Both attentions of a packed pass: every projection on the real tokens (1, N, d), the attentions per length
         group of sequences (`grouped_attention`), each group as the padded batch of its rows.
 
@@ -1015,11 +1067,12 @@ class LittleBirdLayer(GradientCheckpointingLayer):
         alone (the padded path attends its padding; either way nothing reads them).
         """
         pack_attention, attention = self.pack_attention, self.attention.self
+        layouts = group_layouts(self.config, packing, attention_dtype(hidden_states))
         pack_query = pack_attention.query(pack_states)
         pack_contexts = []
 
         def attend(group, pack_key, pack_value, query, key, value):
-            rows, group_layout = layout.layouts[id(group)]
+            rows, group_layout = layouts[id(group)]
             pack_context, _ = pack_attention.attend(
                 pack_query.index_select(0, rows), pack_key, pack_value, group_layout.pack_key_mask
             )
@@ -1027,14 +1080,14 @@ class LittleBirdLayer(GradientCheckpointingLayer):
             return attention.attend(query, key, value, pack_context, group_layout)[0]
 
         context = grouped_attention(
-            layout.packing,
+            packing,
             attend,
             pack_attention.key(hidden_states),
             pack_attention.value(hidden_states),
             attention.query(hidden_states),
             attention.key(hidden_states),
             attention.value(hidden_states),
-            multiple_of=layout.block_size,
+            multiple_of=self.config.block_size,
         )
         pack_context = pack_states.new_zeros(pack_states.shape)
         if pack_contexts:
@@ -1078,15 +1131,24 @@ class LittleBirdEncoder(nn.Module):
         )
 
     def forward(
-        self, hidden_states, pack_states, layout, output_attentions=False, output_hidden_states=False, **kwargs
+        self,
+        hidden_states,
+        pack_states,
+        layout: BlockSparseLayout | None,
+        packing: PackedBatch | None = None,
+        output_attentions=False,
+        output_hidden_states=False,
+        **kwargs,
     ) -> "LittleBirdModelOutput":
+        """The padded path gets the batch's `layout`, built once per pass; the padding-free one the `packing`, on
+        which the layers memoise their group layouts."""
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_pack_states = (pack_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         all_pack_attentions = () if output_attentions else None
         for layer_module in self.layer:
             hidden_states, pack_states, weights, pack_weights = layer_module(
-                hidden_states, pack_states, layout, output_attentions=output_attentions, **kwargs
+                hidden_states, pack_states, layout, packing, output_attentions=output_attentions, **kwargs
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
@@ -1109,35 +1171,19 @@ class LittleBirdEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class LittleBirdPreTrainedModel(PreTrainedModel):
+class LittleBirdPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     config_class = LittleBirdConfig
     config: LittleBirdConfig
     base_model_prefix = "littlebird"
     supports_gradient_checkpointing = True
     _no_split_modules = ["LittleBirdLayer"]
-    _supports_flex_attn = True
+    _input_embed_layer = "word_embeddings"  # transformers' get/set_input_embeddings find embeddings.word_embeddings
     # Flattened batches (transformers' DataCollatorWithFlattening) run as they are: the attention is per sequence in
     # every packed pass, so each flattened sequence gets its own blocks, BiALiBi positions and pack states.
     accepts_flattened_batches = True
     # Checkpoints saved before the last layer lost its pack LayerNorm (its output fed nothing) hold that LayerNorm:
     # loading ignores it. Every other layer still has one, so only the last layer's can be unexpected.
     _keys_to_ignore_on_load_unexpected = [r"encoder\.layer\.\d+\.pack_attention\.LayerNorm\.(weight|bias)$"]
-
-    # Copied from posformers.modeling_roformer.RoFormerPreTrainedModel.from_pretrained
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' `from_pretrained`; weights that are not what they claim (a truncated or corrupted safetensors
-        file, a shard index naming a missing shard, a tensor of the wrong shape or dtype, a pickle that would run code)
-        end in one `CheckpointError` (an OSError) naming the file and the problem, not in a traceback from inside
-        safetensors or torch."""
-        try:
-            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        except Exception as error:
-            if (problem := explain_load_error(cls, pretrained_model_name_or_path, kwargs, error)) is None:
-                raise
-            raise problem from None
-        check_loaded_dtypes(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path, kwargs)
-        return loaded
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:
@@ -1146,11 +1192,11 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
         return True
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """transformers' choice ("eager": the block-sparse products), plus "posformers_fused" (the FlexAttention
-        kernel, `fused_unpack_sliding_window_attention`; "flex_attention" runs it too), which is also the default
-        where CUDA is available."""
-        if requested_attention is None and torch.cuda.is_available() and flex_attention_available():
-            requested_attention = "posformers_fused"
+        """transformers' choice ("eager": the block-sparse products, the default on every device), plus
+        "posformers_fused" (LittleBird's FlexAttention kernel, `fused_unpack_sliding_window_attention`).
+        "flex_attention" (transformers' FlexAttention kernel) cannot run USWAttn and is refused."""
+        if requested_attention == "flex_attention":
+            raise ValueError(FLEX_ATTENTION_REFUSAL)
         if requested_attention == "posformers_fused":
             if not flex_attention_available():
                 raise ValueError(
@@ -1175,34 +1221,19 @@ class LittleBirdPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-def _check_inputs(config: LittleBirdConfig, inputs: dict, dtype: torch.dtype):
-    """Clear errors for malformed inputs (`inputs`: the forward arguments by name, the model's dtype `dtype`), before
-    they reach an index or a reshape deep inside torch."""
-    check_input_types(inputs, dtype)
-    input_ids, inputs_embeds = inputs["input_ids"], inputs["inputs_embeds"]
-    attention_mask, token_type_ids = inputs["attention_mask"], inputs["token_type_ids"]
-    shape = input_shape(input_ids, inputs_embeds, config.hidden_size)
-    if shape[0] == 0:
+def check_littlebird_mask(attention_mask: torch.Tensor, shape: tuple[int, int]) -> None:
+    """LittleBird's rule for `check_inputs`: a (batch, seq_len) padding mask whose rows start with a real token."""
+    check_padding_mask(attention_mask, shape)
+    if is_torchdynamo_compiling():
+        return
+    real = attention_mask.bool()
+    if (~real[:, 0] & real.any(-1)).any():
+        # Positions and blocks count from the first token: left padding would move every real token. Padding between
+        # real tokens after a real first one is Padding Insertion, which moves them on purpose.
         raise ValueError(
-            f"{'input_ids' if input_ids is not None else 'inputs_embeds'} holds an empty batch (batch = 0)"
+            "LittleBird needs right-padded input (real tokens first, then padding): the attention_mask has a padded "
+            "first token before real ones. Pad on the right (tokenizer.padding_side = 'right')."
         )
-    if attention_mask is not None and tuple(attention_mask.shape) != shape:
-        raise ValueError(
-            f"attention_mask must have the input's shape (batch, seq_len) = {shape}, got {tuple(attention_mask.shape)}"
-        )
-    check_per_token("token_type_ids", token_type_ids, shape)
-    if attention_mask is not None and not is_torchdynamo_compiling():
-        real = attention_mask.bool()
-        if (~real[:, 0] & real.any(-1)).any():
-            # Positions and blocks count from the first token: left padding would move every real token. Padding
-            # between real tokens after a real first one is Padding Insertion, which moves them on purpose.
-            raise ValueError(
-                "LittleBird needs right-padded input (real tokens first, then padding): the attention_mask has a "
-                "padded first token before real ones. Pad on the right (tokenizer.padding_side = 'right')."
-            )
-    check_index_ranges(
-        [("input_ids", input_ids, config.vocab_size), ("token_type_ids", token_type_ids, config.type_vocab_size)]
-    )
 
 
 class LittleBirdModel(LittleBirdPreTrainedModel):
@@ -1214,14 +1245,6 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         self.embeddings = LittleBirdEmbeddings(config)
         self.encoder = LittleBirdEncoder(config)
         self.post_init()
-
-    # Copied from posformers.modeling_roformer.RoFormerModel.get_input_embeddings
-    def get_input_embeddings(self):
-        return self.embeddings.word_embeddings
-
-    # Copied from posformers.modeling_roformer.RoFormerModel.set_input_embeddings
-    def set_input_embeddings(self, value):
-        self.embeddings.word_embeddings = value
 
     def forward(
         self,
@@ -1241,10 +1264,9 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
 
         Padding-free execution (`config.unpad_inputs`): embeddings, projections, feed-forward blocks and LayerNorms run
         on the real tokens as one (1, N, d) row; the attentions run per example (`LittleBirdLayer.packed_attention`).
-        `last_hidden_state` and `hidden_states` come back as the input came: (B, L, d) with zeros at padded positions,
-        or (1, N, d) for a flattened batch; `pack_states` are (B, s, d), or (num_sequences, s, d) for a flattened batch.
-        The output's `packing` attribute (not a field: tuples are unchanged) is the `PackedBatch`, or None on the
-        padded path; the heads read it. Packing is ruled out ("auto": padded path; "always": an error) by
+        `last_hidden_state` and `hidden_states` come back as the input came: (B, L, d), or (1, N, d) for a flattened
+        batch; `pack_states` are (B, s, d), or (num_sequences, s, d) for a flattened batch. Per-token states hold
+        zeros at padded positions on both paths. Packing is ruled out ("auto": padded path; "always": an error) by
         output_attentions, whose weights come in the padded blocked layout, and by padding between real tokens
         (Padding Insertion).
         """
@@ -1259,15 +1281,14 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
         )
-        _check_inputs(config, inputs, self.embeddings.LayerNorm.weight.dtype)
-        shape = input_shape(input_ids, inputs_embeds, config.hidden_size)
-        cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
-        cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)
-        for name in ("max_length_q", "max_length_k"):
-            kwargs.pop(name, None)  # recomputed from the packing
-        if cu_seq_lens is not None and cu_seq_lens_k is not None and not torch.equal(cu_seq_lens, cu_seq_lens_k):
-            raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ; LittleBird's attentions need them equal")
-        cu_seq_lens = cu_seq_lens if cu_seq_lens is not None else cu_seq_lens_k
+        shape = check_inputs(
+            config,
+            inputs,
+            self.embeddings.LayerNorm.weight.dtype,
+            embedding_size=config.hidden_size,
+            check_mask=check_littlebird_mask,
+        )
+        cu_seq_lens = pop_cu_seq_lens(kwargs)
         blocker = (
             "output_attentions=True (the weights come in the padded blocked layout)" if output_attentions else None
         )
@@ -1282,30 +1303,24 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
             )
 
         hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
-        sizes = (config.block_size, config.pack_length)
-        # Under autocast the embeddings leave in float32 but attention runs in autocast's dtype: the masks take the
-        # latter's minimum (float32's would overflow to -inf there, and -inf times a zero bias feature is NaN).
-        device_type = hidden_states.device.type
-        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden_states.dtype
-        layout_args = dict(dtype=dtype, device=hidden_states.device, global_prefix_length=config.global_prefix_length)
+        layout = None
         if packing is None:
-            layout = BlockSparseLayout.build(attention_mask, *shape, *sizes, **layout_args)
-        else:
-            layout = PackedLayout.build(packing, *sizes, **layout_args)
+            dtype = attention_dtype(hidden_states)
+            layout = attention_layout(config, attention_mask, shape, dtype, hidden_states.device)
         pack_states = self.embeddings.pack_embeddings.expand(packing.rows if packing else shape[0], -1, -1)
         output = self.encoder(
             hidden_states,
             pack_states,
             layout,
+            packing,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             **kwargs,
         )
-        if packing is not None:
-            output.last_hidden_state = packing.restore(output.last_hidden_state)
-            if output_hidden_states:
-                output.hidden_states = tuple(packing.restore(states) for states in output.hidden_states)
-        output.packing = packing
+        restore = packing.restore if packing is not None else lambda states: zero_padding(states, attention_mask)
+        output.last_hidden_state = restore(output.last_hidden_state)
+        if output_hidden_states:
+            output.hidden_states = tuple(restore(states) for states in output.hidden_states)
         return output if return_dict else output.to_tuple()
 
 
@@ -1326,24 +1341,12 @@ def _check_token_positions(position_ids: torch.Tensor, shape: tuple[int, int]) -
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class LittleBirdPredictionHeadTransform(nn.Module):
-    def __init__(self, config: LittleBirdConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.transform_act_fn = ACT2FN[config.hidden_act]
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-    # Copied from posformers.modeling_roformer.RoFormerPredictionHeadTransform.forward
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
-
-
 class LittleBirdLMPredictionHead(nn.Module):
     """BERT's MLM head: transform (dense, activation, LayerNorm), then a decoder tied to the word embeddings."""
 
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
-        self.transform = LittleBirdPredictionHeadTransform(config)
+        self.transform = SpanSelectionTransform(config)  # BERT's transform, the module the span-selection head uses
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
@@ -1361,7 +1364,7 @@ class LittleBirdOnlyMLMHead(nn.Module):
         return self.predictions(sequence_output)
 
 
-class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
+class LittleBirdForMaskedLM(MaskedLMDecoderEmbeddings, LittleBirdPreTrainedModel):
     _tied_weights_keys = {
         "cls.predictions.decoder.weight": "littlebird.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias",
@@ -1372,16 +1375,6 @@ class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
         self.littlebird = LittleBirdModel(config)
         self.cls = LittleBirdOnlyMLMHead(config)
         self.post_init()
-
-    # Copied from posformers.modeling_roformer.RoFormerForMaskedLM.get_output_embeddings
-    def get_output_embeddings(self):
-        return self.cls.predictions.decoder
-
-    # Copied from posformers.modeling_roformer.RoFormerForMaskedLM.set_output_embeddings
-    def set_output_embeddings(self, new_embeddings):
-        self.cls.predictions.decoder = new_embeddings
-        if new_embeddings.bias is not None:
-            self.cls.predictions.bias = new_embeddings.bias
 
     def forward(
         self,
@@ -1396,18 +1389,9 @@ class LittleBirdForMaskedLM(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> MaskedLMOutput | tuple:
-        outputs = self.littlebird(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, outputs.packing)
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, packing, attention_mask)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -1454,18 +1438,9 @@ class LittleBirdForSequenceClassification(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> SequenceClassifierOutput | tuple:
-        outputs = self.littlebird(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = self.classifier(first_token_states(outputs.last_hidden_state, outputs.packing))
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        logits = self.classifier(first_token_states(outputs.last_hidden_state, packing))
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
@@ -1500,18 +1475,9 @@ class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
         token_type_ids, position_ids = flatten_choices(token_type_ids), flatten_choices(position_ids)
         inputs_embeds = flatten_choices(inputs_embeds, dims=3)
         refuse_flattened(self, position_ids, attention_mask, kwargs)
-        outputs = self.littlebird(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = self.classifier(first_token_states(outputs.last_hidden_state, outputs.packing)).view(-1, num_choices)
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        logits = self.classifier(first_token_states(outputs.last_hidden_state, packing)).view(-1, num_choices)
         # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
         loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
         result = MultipleChoiceModelOutput(
@@ -1543,19 +1509,10 @@ class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> TokenClassifierOutput | tuple:
-        outputs = self.littlebird(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
         logits = run_on_real_tokens(
-            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, outputs.packing
+            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, packing, attention_mask
         )
         loss = None
         if labels is not None:
@@ -1601,25 +1558,14 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> QuestionAnsweringModelOutput | tuple:
-        outputs = self.littlebird(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
         if self.config.qa_head == "span_selection":
             start_logits, end_logits = single_question_logits(
-                self.qass, self.config, input_ids, outputs.last_hidden_state, attention_mask, outputs.packing
+                self.qass, self.config, input_ids, outputs.last_hidden_state, attention_mask, packing
             )
         else:
-            start_logits, end_logits = span_logits(
-                self.qa_outputs, outputs.last_hidden_state, attention_mask, outputs.packing
-            )
+            start_logits, end_logits = span_logits(self.qa_outputs, outputs.last_hidden_state, attention_mask, packing)
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
@@ -1633,7 +1579,6 @@ class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
         return maybe_tuple(result, return_dict, self.config)
 
 
-# Copied from posformers.modeling_roformer.RoFormerForQuestionSpanSelection with RoFormer->LittleBird all-casing
 class LittleBirdForQuestionSpanSelection(LittleBirdPreTrainedModel):
     """Question-aware span selection (Splinter's QASS head), the model of recurring span selection pre-training: each
     [QUESTION] token of a passage points at the start and end of its answer span.
@@ -1673,18 +1618,9 @@ class LittleBirdForQuestionSpanSelection(LittleBirdPreTrainedModel):
                 f"{type(self).__name__} needs question_positions, or input_ids and config.question_token_id (the "
                 "[QUESTION] token) to find them"
             )
-        outputs = self.littlebird(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        packing, hidden_states = outputs.packing, outputs.last_hidden_state
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        hidden_states = outputs.last_hidden_state
         if question_positions is None:
             question_positions = find_questions(input_ids, self.config.question_token_id, packing)
         real = real_token_mask(attention_mask, packing)

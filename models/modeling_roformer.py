@@ -8,6 +8,7 @@ This file imports only torch, transformers and its sibling `configuration_roform
 to the Hub for `trust_remote_code` users.
 """
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,9 +54,9 @@ from .heads import (
     span_logits,
     span_selection_loss,
 )
-from .inputs import check_index_ranges, check_input_types, check_per_token, input_shape
+from .inputs import check_inputs
 from .loading import check_loaded_dtypes, explain_load_error
-from .packing import PackedBatch, grouped_attention, plan_packing
+from .packing import PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
 
 logger = logging.get_logger(__name__)
 
@@ -68,16 +69,16 @@ logger = logging.get_logger(__name__)
 def rope_inverse_frequencies(config: RoFormerConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """Inverse frequencies `theta_i` (float64, shape `(rotary_dim // 2,)`) and the factor cos/sin are scaled by.
 
-    `rope_scaling` follows transformers' rope utilities: "linear" divides the frequencies by `factor` (position
+    `rope_parameters` follows transformers' rope utilities: "linear" divides the frequencies by `factor` (position
     interpolation); "dynamic" raises the base once `seq_len` exceeds `max_position_embeddings` (dynamic NTK);
     "yarn" blends interpolated and extrapolated frequencies along a ramp and scales cos/sin by `attention_factor`.
     """
     dim = config.rope_dim
-    base = float(config.rope_theta)
+    parameters = config.rope_parameters
+    base = float(parameters["rope_theta"])
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-    scaling = config.rope_scaling or {}
-    rope_type = scaling.get("rope_type")
-    factor = float(scaling.get("factor", 1.0))
+    rope_type = parameters["rope_type"]
+    factor = float(parameters.get("factor", 1.0))
     if rope_type == "dynamic":
         seq_len = max(seq_len or 0, config.max_position_embeddings)
         base = base * ((factor * seq_len / config.max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
@@ -85,30 +86,30 @@ def rope_inverse_frequencies(config: RoFormerConfig, seq_len: int | None = None)
     if rope_type == "linear":
         return inv_freq / factor, 1.0
     if rope_type == "yarn":
-        return _yarn_inverse_frequencies(inv_freq, scaling, dim, base)
+        return _yarn_inverse_frequencies(inv_freq, parameters, dim, base)
     return inv_freq, 1.0
 
 
-def _yarn_inverse_frequencies(inv_freq, scaling, dim, base) -> tuple[torch.Tensor, float]:
+def _yarn_inverse_frequencies(inv_freq, parameters, dim, base) -> tuple[torch.Tensor, float]:
     """YaRN (Peng et al. 2023): interpolate low frequencies, keep high ones, ramp in between (transformers' formula)."""
-    factor = float(scaling["factor"])
-    original_max = scaling["original_max_position_embeddings"]
+    factor = float(parameters["factor"])
+    original_max = parameters["original_max_position_embeddings"]
 
     def mscale(scale, m=1.0):
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
-    attention_factor = scaling.get("attention_factor")
+    attention_factor = parameters.get("attention_factor")
     if attention_factor is None:
-        if scaling.get("mscale") and scaling.get("mscale_all_dim"):
-            attention_factor = mscale(factor, scaling["mscale"]) / mscale(factor, scaling["mscale_all_dim"])
+        if parameters.get("mscale") and parameters.get("mscale_all_dim"):
+            attention_factor = mscale(factor, parameters["mscale"]) / mscale(factor, parameters["mscale_all_dim"])
         else:
             attention_factor = mscale(factor)
 
     def correction_dim(num_rotations):
         return (dim * math.log(original_max / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
 
-    low, high = correction_dim(scaling.get("beta_fast") or 32), correction_dim(scaling.get("beta_slow") or 1)
-    if scaling.get("truncate", True):
+    low, high = correction_dim(parameters.get("beta_fast") or 32), correction_dim(parameters.get("beta_slow") or 1)
+    if parameters.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
@@ -177,18 +178,18 @@ def rope_layout_permutation(head_dim: int, rotary_dim: int, source: str, target:
 class RoFormerRotaryEmbedding(nn.Module):
     """cos/sin tables for the rotary embedding.
 
-    Positions up to `max_position_embeddings` come from a cached, non-persistent table (rebuilt in `_init_weights`,
-    so a model created on the meta device by `from_pretrained` gets correct values); longer inputs and dynamic NTK
-    scaling compute theirs on the fly.
+    Positions up to `max_position_embeddings` come from a cached, non-persistent table: computed here, so that a model
+    built without weight initialisation has it, and again in `_init_weights`, so that a model created on the meta
+    device by `from_pretrained` gets real values; longer inputs and dynamic NTK scaling compute theirs on the fly.
     """
 
     def __init__(self, config: RoFormerConfig):
         super().__init__()
         self.config = config
-        self.dynamic = (config.rope_scaling or {}).get("rope_type") == "dynamic"
-        shape = (config.max_position_embeddings, config.rope_dim // 2)
-        self.register_buffer("cos_cached", torch.empty(shape), persistent=False)
-        self.register_buffer("sin_cached", torch.empty(shape), persistent=False)
+        self.dynamic = config.rope_parameters["rope_type"] == "dynamic"
+        cos, sin = self.compute_tables(torch.arange(config.max_position_embeddings))
+        self.register_buffer("cos_cached", cos, persistent=False)
+        self.register_buffer("sin_cached", sin, persistent=False)
 
     def compute_tables(self, positions: torch.Tensor, seq_len: int | None = None):
         inv_freq, scale = rope_inverse_frequencies(self.config, seq_len)
@@ -221,10 +222,11 @@ class RoFormerRotaryEmbedding(nn.Module):
         max_cached = self.config.max_position_embeddings
         # An exported graph (ONNX) must serve every length: it computes the tables, never branching on the length.
         exporting = torch.compiler.is_exporting()
-        if not exporting and total_length > max_cached and not self.dynamic and not self.config.rope_scaling:
+        scaled = self.config.rope_parameters["rope_type"] != "default"
+        if not exporting and total_length > max_cached and not scaled:
             logger.warning_once(
-                f"Input of {total_length} positions is longer than max_position_embeddings={max_cached} and no "
-                "rope_scaling is configured: rotary positions extrapolate beyond what the model was trained on."
+                f"Input of {total_length} positions is longer than max_position_embeddings={max_cached} and "
+                "rope_parameters configure no scaling: rotary positions extrapolate beyond the trained length."
             )
         if not from_table or exporting or total_length > max_cached or self.cos_cached.device.type == "meta":
             cos, sin = self.compute_tables(position_ids, seq_len=scaling_length or total_length)
@@ -281,12 +283,7 @@ class RoFormerEmbeddings(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Attention
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Padding-free execution: the real tokens of a batch as one (1, N) row, attention per sequence
+# Attention: softmax and linear kernels, padded or per sequence on packed (1, N) tokens
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -449,7 +446,7 @@ class RoFormerSelfAttention(nn.Module):
         kernels where the implementation is not eager)."""
         implementation = self.config._attn_implementation or "eager"
         dropout = self.attention_dropout if self.training else 0.0
-        if "flash" in implementation:
+        if "flash" in implementation and packing.num_tokens:  # no tokens (a batch of padding): the grouped path
             attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
             context, _ = attention_interface(
                 self,
@@ -463,7 +460,7 @@ class RoFormerSelfAttention(nn.Module):
                 **packing.varlen_kwargs(),
                 **kwargs,
             )
-            return context.reshape(1, query.shape[2], -1)
+            return context.flatten(2)
         attention_interface = eager_attention_forward
         if implementation != "eager":
             attention_interface = ALL_ATTENTION_FUNCTIONS["sdpa"]
@@ -479,9 +476,10 @@ class RoFormerSelfAttention(nn.Module):
                 dropout=dropout,
                 is_causal=False,
             )
-            return context.flatten(-2)
+            return context
 
-        return grouped_attention(packing, attend, *(t.transpose(1, 2) for t in (query, key, value)))
+        # (1, N, H, D) -> (1, N, H * D); N may be 0 (a batch of padding only)
+        return grouped_attention(packing, attend, *(t.transpose(1, 2) for t in (query, key, value))).flatten(2)
 
     def _packed_linear_forward(self, query, key, value, cos, sin, packing: PackedBatch) -> torch.Tensor:
         """Linear attention of each sequence over its own tokens: the key summary of eq. (19) is per sequence, so
@@ -496,9 +494,10 @@ class RoFormerSelfAttention(nn.Module):
             context, _ = linear_attention(
                 *(t.transpose(1, 2) for t in padded), group.key_mask, causal=False, need_weights=False
             )
-            return context.flatten(-2)
+            return context
 
-        return grouped_attention(packing, attend, query_features, key_features, rotated_query, rotated_key, value)
+        packed = (query_features, key_features, rotated_query, rotated_key, value)
+        return grouped_attention(packing, attend, *packed).flatten(2)
 
     def _linear_forward(
         self, query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions, is_causal
@@ -668,25 +667,27 @@ class RoFormerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-def _check_attention_mask(attention_mask, shape: tuple[int, int], past_length: int | None, num_heads: int) -> None:
-    """A 2D mask is (batch, cached + new tokens); a 4D one (batch or 1, 1 or heads, new tokens, keys): with a cache
-    (`past_length` not None) at least cached + new keys, as a static cache's mask spans its whole length; without
-    one exactly the new tokens."""
-    if attention_mask is None:
-        return
+def check_attention_mask(
+    attention_mask: torch.Tensor, shape: tuple[int, int], *, past_length: int | None, config: RoFormerConfig
+) -> None:
+    """RoFormer's mask rule for `check_inputs`. A 2D mask is (batch, cached + new tokens); a 4D one (batch or 1, 1 or
+    heads, new tokens, keys): with a cache (`past_length` not None) at least cached + new keys, as a static cache's
+    mask spans its whole length; without one exactly the new tokens. Linear attention takes the 2D mask only."""
     keys = (past_length or 0) + shape[1]
+    num_heads = config.num_attention_heads
     if attention_mask.dim() == 2:
         if tuple(attention_mask.shape) != (shape[0], keys):
             raise ValueError(
                 f"attention_mask has shape {tuple(attention_mask.shape)} but the input needs {(shape[0], keys)} "
                 f"(batch, cached + new tokens)"
             )
-    elif attention_mask.dim() != 4:
+        return
+    if attention_mask.dim() != 4:
         raise ValueError(
             f"attention_mask must be 2D (batch, seq_len) or 4D (batch, 1, q_len, kv_len), got "
             f"{tuple(attention_mask.shape)}"
         )
-    elif (
+    if (
         attention_mask.shape[0] not in (1, shape[0])
         or attention_mask.shape[1] not in (1, num_heads)
         or attention_mask.shape[2] != shape[1]
@@ -698,47 +699,22 @@ def _check_attention_mask(attention_mask, shape: tuple[int, int], past_length: i
             f"a 4D attention_mask must have shape (batch={shape[0]} or 1, 1 or heads={num_heads}, "
             f"q_len={shape[1]}, {kv_len}), got {tuple(attention_mask.shape)}"
         )
-
-
-def _check_inputs(
-    config: RoFormerConfig,
-    input_ids,
-    inputs_embeds,
-    attention_mask,
-    token_type_ids,
-    position_ids,
-    past_length: int | None,
-    dtype: torch.dtype,
-):
-    """Clear errors for malformed inputs (the model's dtype `dtype`; `past_length` None without a cache), before they
-    reach an index or a reshape deep inside torch; returns the input's (batch, seq_len)."""
-    check_input_types(
-        dict(
-            input_ids=input_ids,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-        ),
-        dtype,
-    )
-    shape = input_shape(input_ids, inputs_embeds, config.embedding_size)
-    if shape[0] == 0:
-        raise ValueError(
-            f"{'input_ids' if input_ids is not None else 'inputs_embeds'} holds an empty batch (batch = 0)"
-        )
-    _check_attention_mask(attention_mask, shape, past_length, config.num_attention_heads)
-    if config.attention_kernel == "linear" and attention_mask is not None and attention_mask.dim() != 2:
+    if config.attention_kernel == "linear":
         raise ValueError(
             "attention_kernel='linear' takes a 2D attention_mask (batch, seq_len) of real tokens; a 4D mask "
             "cannot be applied to linear attention"
         )
-    check_per_token("token_type_ids", token_type_ids, shape)
-    check_per_token("position_ids", position_ids, shape)
-    check_index_ranges(
-        [("input_ids", input_ids, config.vocab_size), ("token_type_ids", token_type_ids, config.type_vocab_size)]
-    )
-    return shape
+
+
+def decoder_cache(config: RoFormerConfig, past_key_values: Cache | None, use_cache: bool | None):
+    """The KV cache a pass reads and extends, and whether it returns it: a decoder creates a DynamicCache when
+    `use_cache` (default `config.use_cache`) asks for one and none is given; an encoder has none."""
+    if not config.is_decoder:
+        return None, False
+    use_cache = use_cache if use_cache is not None else config.use_cache
+    if use_cache and past_key_values is None:
+        past_key_values = DynamicCache(config=config)
+    return past_key_values, use_cache
 
 
 def real_position_extent(position_ids: torch.Tensor, real_tokens: torch.Tensor | None, fallback: int) -> int:
@@ -849,90 +825,49 @@ class RoFormerModel(RoFormerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        keep_padding_states: bool = False,
         **kwargs,
     ) -> RoFormerModelOutput | tuple:
         """Padded batches run padding-free as `config.unpad_inputs` says; a flattened batch (position_ids restarting
         at 0 in one row, optionally with DataCollatorWithFlattening's cu_seq_lens_q/k and max_length_q/k) always
-        runs per sequence and returns (1, N, d). `unpad_blocker` (a kwarg, for heads) names what keeps this pass
-        padded."""
+        runs per sequence and returns (1, N, d). Per-token outputs hold zeros at the 2D mask's padded positions on
+        every path, unless `keep_padding_states`: that pass runs padded and returns the states it computes there
+        (transformers' RoFormer multiple-choice head reads the last position, padding included)."""
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         return_dict = return_dict if return_dict is not None else config.return_dict
-        use_cache = config.is_decoder and (use_cache if use_cache is not None else config.use_cache)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=config)
-        if not use_cache and not config.is_decoder:
-            past_key_values = None
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        shape = _check_inputs(
-            config,
-            input_ids,
-            inputs_embeds,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            past_length if past_key_values is not None else None,
-            self.dtype,
+        past_key_values, use_cache = decoder_cache(config, past_key_values, use_cache)
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else None
+        inputs = dict(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
         )
-        cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
-        cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)
-        for name in ("max_length_q", "max_length_k"):
-            kwargs.pop(name, None)  # recomputed from the packing
-        if cu_seq_lens is not None and cu_seq_lens_k is not None and not torch.equal(cu_seq_lens, cu_seq_lens_k):
-            raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ; RoFormer self-attention needs them equal")
-        cu_seq_lens = cu_seq_lens if cu_seq_lens is not None else cu_seq_lens_k
-        blocker = kwargs.pop("unpad_blocker", None)
-        if config.is_decoder or past_key_values is not None:
-            blocker = "a decoder (config.is_decoder) or KV-cache pass runs padded"
-        elif output_attentions:
-            blocker = "output_attentions=True returns padded (batch, heads, L, L) weights"
+        mask_rule = functools.partial(check_attention_mask, past_length=past_length, config=config)
+        shape = check_inputs(config, inputs, self.dtype, embedding_size=config.embedding_size, check_mask=mask_rule)
+        past_length = past_length or 0
         device = (input_ids if input_ids is not None else inputs_embeds).device
-        positions_given = position_ids is not None
-        packing = None
-        # a decoder reads restarting position_ids of a padded row as given (`generate` numbers left padding so); an
-        # exported graph (ONNX) cannot branch on the mask's values and runs padded
-        decoder_padding = (
-            config.is_decoder
-            and attention_mask is not None
-            and (torch.compiler.is_exporting() or not bool(attention_mask.bool().all()))
+        packing = self.plan_packing(
+            shape, device, attention_mask, position_ids, output_attentions, keep_padding_states, kwargs
         )
-        if not decoder_padding:
-            packing = plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, blocker, device)
         if packing is not None:
             input_ids, inputs_embeds, token_type_ids, position_ids = (
                 packing.pack(t.expand(*shape, *t.shape[2:])) if t is not None else None
                 for t in (input_ids, inputs_embeds, token_type_ids, position_ids)
             )
-            if position_ids is None:
-                position_ids = packing.position_ids()
+            kwargs["packing"] = packing
 
         hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         if hasattr(self, "embeddings_project"):
             hidden_states = self.embeddings_project(hidden_states)
-        seq_len = hidden_states.shape[1]
-        if position_ids is None:
-            position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
-        total_length = packing.width if packing is not None else past_length + seq_len
-        scaling_length = None
-        if self.rotary_emb.dynamic:
-            real_tokens = None
-            if packing is None and attention_mask is not None and attention_mask.dim() == 2:
-                real_tokens = attention_mask[:, -seq_len:].bool()
-            scaling_length = real_position_extent(position_ids, real_tokens, total_length)
-        position_embeddings = self.rotary_emb(
-            position_ids,
-            total_length,
-            hidden_states.dtype,
-            from_table=not positions_given,
-            scaling_length=scaling_length,
-        )
-
+        position_embeddings = self.rotary_embeddings(hidden_states, position_ids, attention_mask, past_length, packing)
         causal = is_causal_pass(config, past_length)
+        mask = key_padding_mask = None
         if packing is None:
             mask, key_padding_mask = attention_masks(config, hidden_states, attention_mask, past_key_values, causal)
-        else:
-            mask, key_padding_mask, kwargs["packing"] = None, None, packing
         encoder_output = self.encoder(
             hidden_states,
             mask,
@@ -944,12 +879,18 @@ class RoFormerModel(RoFormerPreTrainedModel):
             output_hidden_states=output_hidden_states,
             **kwargs,
         )
-        sequence_output = encoder_output.last_hidden_state
-        all_hidden_states = encoder_output.hidden_states
+
         if packing is not None:
-            sequence_output = packing.restore(sequence_output)
-            if all_hidden_states is not None:
-                all_hidden_states = tuple(packing.restore(h) for h in all_hidden_states)
+            restore = packing.restore
+        elif keep_padding_states or attention_mask is None:
+            restore = lambda states: states  # noqa: E731
+        else:
+            new_tokens = attention_mask[:, -hidden_states.shape[1] :] if attention_mask.dim() == 2 else None
+            restore = functools.partial(zero_padding, attention_mask=new_tokens)
+        sequence_output = restore(encoder_output.last_hidden_state)
+        all_hidden_states = encoder_output.hidden_states
+        if all_hidden_states is not None:
+            all_hidden_states = tuple(restore(states) for states in all_hidden_states)
         pooler_output = None
         if self.pooler is not None:
             pooler_output = self.pooler(first_token_states(sequence_output, packing))
@@ -962,6 +903,52 @@ class RoFormerModel(RoFormerPreTrainedModel):
         )
         output.packing = packing
         return output if return_dict else output.to_tuple()
+
+    def plan_packing(
+        self, shape, device, attention_mask, position_ids, output_attentions, keep_padding_states, kwargs
+    ) -> PackedBatch | None:
+        """`plan_packing` for this pass, with what rules packing out here; pops the flattened-batch keywords
+        (`cu_seq_lens_q/k`, `max_length_q/k`) from `kwargs`."""
+        config = self.config
+        cu_seq_lens = pop_cu_seq_lens(kwargs)
+        blocker = None
+        if config.is_decoder:
+            # A decoder reads restarting position_ids of a padded row as given (`generate` numbers left padding so);
+            # an exported graph (ONNX) cannot branch on the mask's values and runs padded.
+            if attention_mask is not None and (torch.compiler.is_exporting() or not bool(attention_mask.bool().all())):
+                return None
+            blocker = "a decoder (config.is_decoder) runs padded"
+        elif output_attentions:
+            blocker = "output_attentions=True returns padded (batch, heads, L, L) weights"
+        elif (
+            keep_padding_states
+            and config.unpad_inputs != "never"
+            and attention_mask is not None
+            and not bool(attention_mask.bool().all())
+        ):
+            blocker = "keep_padding_states=True returns the states of padded positions, which only the padded path has"
+        return plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, blocker, device)
+
+    def rotary_embeddings(self, hidden_states, position_ids, attention_mask, past_length: int, packing):
+        """cos and sin for this pass's tokens, hidden_states (B, L, d) or (1, N, d) packed. Default positions follow
+        the cache (each sequence's own when packed) and come from the table; position_ids a caller chose are computed
+        (they may lie anywhere). Dynamic NTK scaling sizes its base for the longest real sequence."""
+        seq_len = hidden_states.shape[1]
+        from_table = position_ids is None
+        if position_ids is None and packing is not None:
+            position_ids = packing.position_ids()
+        elif position_ids is None:
+            position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
+        total_length = packing.width if packing is not None else past_length + seq_len
+        scaling_length = None
+        if self.rotary_emb.dynamic:
+            real_tokens = None
+            if packing is None and attention_mask is not None and attention_mask.dim() == 2:
+                real_tokens = attention_mask[:, -seq_len:].bool()
+            scaling_length = real_position_extent(position_ids, real_tokens, total_length)
+        return self.rotary_emb(
+            position_ids, total_length, hidden_states.dtype, from_table=from_table, scaling_length=scaling_length
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1070,7 +1057,7 @@ class RoFormerForMaskedLM(RoFormerPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, outputs.packing)
+        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, outputs.packing, attention_mask)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -1148,6 +1135,8 @@ class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.cls(hidden_states[:, keep, :])
+        if attention_mask is not None and attention_mask.dim() == 2:
+            logits = zero_padding(logits, attention_mask[:, -hidden_states.shape[1] :][:, keep])
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -1262,15 +1251,6 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         refuse_flattened(self, position_ids, attention_mask, kwargs)
         num_choices = count_choices(self, input_ids, inputs_embeds)
         flat_mask = flatten_choices(attention_mask)
-        if (
-            self.config.summary_type == "last"
-            and self.config.unpad_inputs != "never"
-            and flat_mask is not None
-            and flat_mask.dim() == 2
-            and not bool(flat_mask.bool()[:, -1].all())
-        ):
-            # the last position of a padded choice is a padding token, whose state only the padded pass computes
-            kwargs["unpad_blocker"] = "summary_type='last' reads the last position, padding included"
         outputs = self.roformer(
             flatten_choices(input_ids),
             attention_mask=flat_mask,
@@ -1280,6 +1260,8 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            # the last position of a padded choice is a padding token, whose state transformers' RoFormer classifies
+            keep_padding_states=self.config.summary_type == "last",
             **kwargs,
         )
         pooled = self.sequence_summary(outputs.last_hidden_state, flat_mask)
@@ -1326,7 +1308,10 @@ class RoFormerForTokenClassification(RoFormerPreTrainedModel):
             **kwargs,
         )
         logits = run_on_real_tokens(
-            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, outputs.packing
+            lambda states: self.classifier(self.dropout(states)),
+            outputs.last_hidden_state,
+            outputs.packing,
+            attention_mask,
         )
         loss = None
         if labels is not None:

@@ -267,6 +267,20 @@ def pack_flattened(position_ids: torch.Tensor, attention_mask=None, cu_seq_lens=
     return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths, width=width, flattened=True)
 
 
+def pop_cu_seq_lens(kwargs: dict) -> torch.Tensor | None:
+    """The sequence starts of a flattened batch from the keywords `DataCollatorWithFlattening` emits, popped from a
+    forward pass's `kwargs`: cu_seq_lens_q/k (self-attention needs them equal) and max_length_q/k, which the packing
+    recomputes. None when neither cu_seq_lens is given."""
+    cu_seq_lens, cu_seq_lens_k = kwargs.pop("cu_seq_lens_q", None), kwargs.pop("cu_seq_lens_k", None)
+    kwargs.pop("max_length_q", None)
+    kwargs.pop("max_length_k", None)
+    if cu_seq_lens is None:
+        return cu_seq_lens_k
+    if cu_seq_lens_k is not None and not torch.equal(cu_seq_lens.to(cu_seq_lens_k), cu_seq_lens_k):
+        raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ: self-attention needs the same sequences")
+    return cu_seq_lens
+
+
 def plan_packing(
     config,
     shape: tuple[int, int],

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import gpu, run
 
-pytestmark = pytest.mark.slow  # compiles FlexAttention for CPU: a minute or two
+pytestmark = pytest.mark.slow  # tiny models of every row, trained and run: a minute or two
 
 
 @pytest.fixture(scope="module")

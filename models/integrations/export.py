@@ -25,11 +25,18 @@ states) are not exported.
 
 The output folder also gets the model's config and tokenizer files, so it is self-contained. After export the graph is
 checked with onnxruntime (when installed) against PyTorch on padded inputs at another length than the traced one.
+
+For CPU deployment (see `posformers.integrations.onnx_runtime`, which also runs a folder on a list of texts):
+`optimize=True` (`--optimize`) saves onnxruntime's graph optimizations into `model.onnx` before the check, and
+`quantize="int8"` (`--quantize int8`) writes `model_int8.onnx` with int8 weight MatMuls, checked against the float32
+graph on real `texts` (`--texts FILE`): label agreement and largest score difference, printed and written to
+`int8_check.json`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -141,9 +148,9 @@ def _check_exportable(model: PreTrainedModel) -> None:
         raise ValueError(f"model must be a posformers model, got {type(model).__name__}")
     if type(model).__name__.endswith("ForQuestionSpanSelection"):
         raise ValueError("model: a span-selection (pre-training) model is not exported; export ForQuestionAnswering")
-    rope_type = (getattr(model.config, "rope_scaling", None) or {}).get("rope_type")
+    rope_type = (getattr(model.config, "rope_parameters", None) or {}).get("rope_type")
     if rope_type == "dynamic":
-        raise ValueError("model: dynamic NTK rope_scaling recomputes frequencies per length and cannot be exported")
+        raise ValueError("model: dynamic NTK rope_parameters recompute frequencies per length and cannot be exported")
 
 
 def to_onnx(
@@ -153,6 +160,9 @@ def to_onnx(
     opset_version: int = DEFAULT_OPSET,
     verify: bool = True,
     atol: float = DEFAULT_ATOL,
+    optimize: bool = False,
+    quantize: str | None = None,
+    texts: list[str] | None = None,
 ) -> Path:
     """Export `model` (a posformers model, or a folder / Hub id holding one) to `output_dir/model.onnx` with dynamic
     batch and sequence axes, write its config (and, from a folder, its tokenizer files) beside it, and return the
@@ -160,7 +170,16 @@ def to_onnx(
 
     verify: run the graph in onnxruntime (if installed) at a length other than the traced one, with padding, and
     raise ValueError if an output differs from PyTorch's by more than `atol` on real tokens.
+    optimize: save onnxruntime's graph optimizations into the graph (checked as above).
+    quantize: "int8" also writes the int8 graph; with `verify`, it is compared with the float32 one on `texts` (which
+    needs the tokenizer files in the folder: export from a folder) and the comparison written to int8_check.json.
     """
+    from . import onnx_runtime
+
+    if quantize is not None:
+        onnx_runtime.check_quantize_type(quantize)
+    if quantize and verify and not texts:
+        raise ValueError("quantize: the int8 graph is checked on real text; pass texts (--texts FILE) or verify=False")
     source = None if isinstance(model, PreTrainedModel) else Path(model)
     if source is not None:
         model = load_for_export(model)
@@ -197,6 +216,8 @@ def to_onnx(
                 dynamo=True,
                 verbose=False,
             )
+        if optimize:
+            onnx_runtime.optimize(output_dir)
         if verify and _has_onnxruntime():
             length = 2 * trace_length(model.config) + 3
             difference = max_difference(model, onnx_file, example_inputs(model, length, batch=3, seed=1))
@@ -213,6 +234,10 @@ def to_onnx(
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy(source / name, output_dir / name)
+    if quantize:
+        onnx_runtime.quantize(output_dir, quantize)
+        if verify:
+            onnx_runtime.check_int8(output_dir, texts)
     return onnx_file
 
 
@@ -250,6 +275,8 @@ def max_difference(model: PreTrainedModel, onnx_file: str | Path, inputs: dict[s
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import onnx_runtime  # imports this module
+
     parser = argparse.ArgumentParser(prog="posformers-export", description="Export posformers models.")
     formats = parser.add_subparsers(dest="format", metavar="format", required=True)
     onnx = formats.add_parser("onnx", help="ONNX graph with dynamic batch and sequence axes (onnxruntime-checked)")
@@ -258,18 +285,37 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset version")
     onnx.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="tolerance of the onnxruntime check")
     onnx.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check")
+    onnx.add_argument("--optimize", action="store_true", help="save onnxruntime's graph optimizations into model.onnx")
+    onnx.add_argument(
+        "--quantize",
+        choices=onnx_runtime.QUANTIZE_TYPES,
+        help="also write model_int8.onnx: weight MatMuls dynamically quantized",
+    )
+    onnx.add_argument(
+        "--texts", type=Path, help="real texts to check the int8 graph on: one per line, or a .tsv's first column"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from . import onnx_runtime
+
     try:
+        texts = onnx_runtime.read_texts(args.texts) if args.texts else None
         onnx_file = to_onnx(args.model_dir, args.output_dir, opset_version=args.opset, verify=not args.no_verify,
-                            atol=args.atol)  # fmt: skip
+                            atol=args.atol, optimize=args.optimize, quantize=args.quantize, texts=texts)  # fmt: skip
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"wrote {onnx_file}")
+    print(f"wrote {onnx_file}" + (" (optimized)" if args.optimize else ""))
+    if args.quantize:
+        print(f"wrote {onnx_file.parent / onnx_runtime.INT8_FILE}")
+        check = onnx_file.parent / onnx_runtime.INT8_CHECK_FILE
+        if not args.no_verify:
+            for name, entry in json.loads(check.read_text())["outputs"].items():
+                print(f"int8 vs float32 on {len(texts)} texts, {name}: " + onnx_runtime.describe(entry))
+            print(f"wrote {check}")
     return 0
 
 

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -314,9 +315,18 @@ def root_cause(stderr: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in fields}
 
 
+@pytest.fixture(scope="module")
+def dying_runs(tmp_path_factory, glue_dir):
+    """The two dying runs at once: the hung one spends most of its time waiting (--ddp_timeout, then torchrun's grace
+    period), time in which the killed one runs. Each has its own folder and torchrun its own free port."""
+    with ThreadPoolExecutor(2) as pool:
+        runs = {how: pool.submit(dying_run, how, tmp_path_factory.mktemp(how), glue_dir) for how in ("kill", "stop")}
+    return {how: run.result() for how, run in runs.items()}
+
+
 @pytest.mark.slow
-def test_a_killed_process_stops_the_run_at_once(tmp_path, glue_dir):
-    result, seconds, _ = dying_run("kill", tmp_path, glue_dir)
+def test_a_killed_process_stops_the_run_at_once(dying_runs):
+    result, seconds, _ = dying_runs["kill"]
     assert result.returncode != 0
     cause = root_cause(result.stderr)
     killed_first = cause["rank"].startswith("1 ") and "SIGKILL" in cause["exitcode"]
@@ -331,8 +341,8 @@ def test_a_killed_process_stops_the_run_at_once(tmp_path, glue_dir):
 
 
 @pytest.mark.slow
-def test_a_hung_process_is_given_up_after_ddp_timeout(tmp_path, glue_dir):
-    result, seconds, signalled = dying_run("stop", tmp_path, glue_dir)
+def test_a_hung_process_is_given_up_after_ddp_timeout(dying_runs):
+    result, seconds, signalled = dying_runs["stop"]
     assert result.returncode != 0
     assert "error (processes): process 0 of 2: another process of this run died or stopped answering" in result.stderr
     assert f"Timed out waiting {DDP_TIMEOUT * 1000}ms" in result.stderr  # gloo's own words, with our timeout

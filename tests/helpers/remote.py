@@ -50,17 +50,6 @@ def auto_heads(auto_map: dict[str, str]) -> dict[str, str]:
     return {auto_name: target.rsplit(".", 1)[1] for auto_name, target in auto_map.items() if auto_name != "AutoConfig"}
 
 
-def saved_heads(auto_map: dict[str, str], build, inputs, folder: Path) -> dict[str, tuple]:
-    """Each head of `auto_map`, built by `build(auto_name)` and saved to `folder / <class name>`, as the jobs of
-    `check_remote_load`: {auto_name: (auto_name, its folder, the model, inputs(auto_name))}."""
-    heads = {}
-    for auto_name in sorted(auto_heads(auto_map)):
-        model = build(auto_name)
-        model.save_pretrained(folder / type(model).__name__)
-        heads[auto_name] = (auto_name, folder / type(model).__name__, model, inputs(auto_name))
-    return heads
-
-
 def load_remote(
     jobs: dict[str, tuple[str, str | os.PathLike, dict[str, torch.Tensor]]],
     *,

@@ -121,9 +121,9 @@ def test_cli_refuses_what_it_cannot_export(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"error: model: {tmp_path / 'missing'}: no such folder"
     with pytest.raises(ValueError, match="span-selection"):
         export.to_onnx(build("roformer", "RoFormerForQuestionSpanSelection"), tmp_path / "out")
-    with pytest.raises(ValueError, match="dynamic NTK rope_scaling"):
+    with pytest.raises(ValueError, match="dynamic NTK rope_parameters"):
         export.to_onnx(
-            build("roformer", "RoFormerModel", rope_scaling={"rope_type": "dynamic", "factor": 2.0}), tmp_path
+            build("roformer", "RoFormerModel", rope_parameters={"rope_type": "dynamic", "factor": 2.0}), tmp_path
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,36 +78,45 @@ def test_sentence_transformer_embeds_like_the_model(family, tmp_path):
     assert (embeddings - mean_pooled(model, tokenizer, sentences)).abs().max() <= TOLERANCE
 
 
-# Run where posformers cannot be imported: load the saved ST folder with remote code, embed, report.
+# Run where posformers cannot be imported: load each saved ST folder with remote code, embed, report.
 REMOTE_ST = """
 import sentence_transformers
 
-st = sentence_transformers.SentenceTransformer(ARGS["folder"], trust_remote_code=True)
-embeddings = st.encode(ARGS["sentences"], convert_to_tensor=True)
-print(json.dumps({"module": type(st[0].model).__module__, "embeddings": embeddings.tolist(),
-                  "posformers": sorted(m for m in sys.modules if m.split(".")[0] == "posformers")}))
+result = {}
+for family, folder in ARGS["folders"].items():
+    st = sentence_transformers.SentenceTransformer(folder, trust_remote_code=True)
+    embeddings = st.encode(ARGS["sentences"], convert_to_tensor=True)
+    result[family] = {"module": type(st[0].model).__module__, "embeddings": embeddings.tolist()}
+result["posformers"] = sorted(m for m in sys.modules if m.split(".")[0] == "posformers")
+print(json.dumps(result))
 """
+
+
+@pytest.fixture(scope="module")
+def remote_st(tmp_path_factory):
+    """Each family's SentenceTransformer saved, then loaded with remote code in ONE child without posformers: the
+    child's report and the embeddings posformers gives."""
+    work = tmp_path_factory.mktemp("remote-st")
+    sentences, folders, expected = sst2_sentences(4), {}, {}
+    for family in CONFIGS:
+        save_tiny(family, f"{CONFIGS[family].__name__.removesuffix('Config')}Model", work / family)
+        st = mean_pooling_st(work / family)
+        folders[family] = str(work / f"st-{family}")
+        st.save(folders[family])
+        expected[family] = st.encode(sentences, convert_to_tensor=True)
+    args = {"folders": folders, "sentences": sentences}
+    result = run_python(REMOTE_ST, args, env=python_env(work / "hf-home"), cwd=work, without_posformers=True)
+    return result, folders, expected
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(CONFIGS))
-def test_saved_sentence_transformer_loads_with_remote_code_without_posformers(family, tmp_path):
-    save_tiny(family, f"{CONFIGS[family].__name__.removesuffix('Config')}Model", tmp_path / "model")
-    st = mean_pooling_st(tmp_path / "model")
-    st.save(str(tmp_path / f"st-{family}"))
-    assert json.loads((tmp_path / f"st-{family}" / "config.json").read_text())["auto_map"]["AutoModel"]
-    sentences = sst2_sentences(4)
-    expected = st.encode(sentences, convert_to_tensor=True)
-    result = run_python(
-        REMOTE_ST,
-        {"folder": str(tmp_path / f"st-{family}"), "sentences": sentences},
-        env=python_env(tmp_path / "hf-home"),
-        cwd=tmp_path,
-        without_posformers=True,
-    )
-    assert result["module"].startswith("transformers_modules."), result["module"]
+def test_saved_sentence_transformer_loads_with_remote_code_without_posformers(family, remote_st):
+    result, folders, expected = remote_st
+    assert json.loads((Path(folders[family]) / "config.json").read_text())["auto_map"]["AutoModel"]
+    assert result[family]["module"].startswith("transformers_modules."), result[family]["module"]
     assert result["posformers"] == []
-    assert (torch.tensor(result["embeddings"]) - expected).abs().max() <= TOLERANCE
+    assert (torch.tensor(result[family]["embeddings"]) - expected[family]).abs().max() <= TOLERANCE
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))

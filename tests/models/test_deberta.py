@@ -20,12 +20,11 @@ from helpers.modeling import (
     tiny_config,
     tiny_fields,
 )
-from helpers.remote import auto_heads, check_remote_load, push_saved, saved_heads
+from helpers.remote import check_remote_load, push_saved
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining
 from transformers.testing_utils import CaptureLogger
 
-import posformers
 from posformers import (
     DebertaConfig,
     DebertaForMaskedLM,
@@ -725,8 +724,8 @@ def test_sdpa_equals_eager(variant):
     torch.manual_seed(0)
     emd = {"emd_steps": 0} if "embedding_size" in VARIANTS[variant][1] else {}  # the EMD needs hidden-wide positions
     sdpa = DebertaForMaskedLM(ours_variant(variant, **emd)).eval()
-    # The default: sdpa, or the fused kernel where CUDA is available (compared with eager in test_fused_attention.py).
-    assert sdpa.config._attn_implementation == ("posformers_fused" if torch.cuda.is_available() else "sdpa")
+    # The default on every device: the fused kernel is opt-in (compared with eager in test_fused_attention.py).
+    assert sdpa.config._attn_implementation == "sdpa"
     sdpa.set_attn_implementation("sdpa")
     eager = DebertaForMaskedLM(ours_variant(variant, **emd))
     eager.load_state_dict(sdpa.state_dict())
@@ -897,18 +896,90 @@ def test_torch_compile():
     assert max_diff(expected, actual, attention_mask) <= 1e-4
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("variant", ["v1", "v3"])
-def test_flex_attention_equals_sdpa(variant):
-    """flex_attention with the position scores read from the (L x 2k) tables inside its score_mod (inference)."""
-    torch.manual_seed(0)
-    model = DebertaModel(ours_variant(variant)).eval()
-    input_ids, attention_mask, _ = make_batch(seq_len=40, pad_from=(None, 30, 3))
-    with torch.no_grad():
-        expected = model(input_ids, attention_mask=attention_mask).last_hidden_state
+def test_flex_attention_is_refused_with_a_pointer_to_the_fused_kernel():
+    """ "flex_attention" means transformers' FlexAttention kernel, which cannot add the disentangled scores."""
+    with pytest.raises(ValueError, match="attn_implementation='posformers_fused'"):
+        DebertaModel._from_config(tiny_config(DebertaConfig), attn_implementation="flex_attention")
+    model = DebertaModel(tiny_config(DebertaConfig))
+    with pytest.raises(ValueError, match="attn_implementation='posformers_fused'"):
         model.set_attn_implementation("flex_attention")
-        actual = model(input_ids, attention_mask=attention_mask).last_hidden_state
-    assert max_diff(expected, actual, attention_mask) <= TOL
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_masked_lm_returns_hidden_states_asked_for_by_the_config(tmp_path):
+    """output_hidden_states from the config (as `from_pretrained(..., output_hidden_states=True)` sets it) reaches
+    DebertaForMaskedLM's output, as it does the other heads'."""
+    torch.manual_seed(0)
+    model = DebertaForMaskedLM(tiny_config(DebertaConfig, emd_steps=2)).eval()
+    model.save_pretrained(tmp_path)
+    input_ids, attention_mask, _ = make_batch()
+    for loaded in (
+        DebertaForMaskedLM.from_pretrained(tmp_path, output_hidden_states=True).eval(),
+        DebertaForSequenceClassification.from_pretrained(tmp_path, output_hidden_states=True).eval(),
+    ):
+        with torch.no_grad():
+            output = loaded(input_ids, attention_mask=attention_mask)
+        assert output.hidden_states is not None and len(output.hidden_states) == loaded.config.num_hidden_layers + 1
+    with torch.no_grad():
+        assert model(input_ids, attention_mask=attention_mask).hidden_states is None
+
+
+@pytest.mark.parametrize("unpad_inputs", ["auto", "never", "always"])
+def test_a_batch_of_padding_only_returns_zeros(unpad_inputs):
+    """A batch whose every row is padding returns outputs, as transformers' DebertaV2 does, with zeros at the (padded)
+    positions of every per-token output."""
+    torch.manual_seed(0)
+    config = tiny_config(DebertaConfig, conv_kernel_size=3, emd_steps=2, unpad_inputs=unpad_inputs, num_labels=3)
+    input_ids = torch.zeros(2, 6, dtype=torch.long)
+    attention_mask = torch.zeros(2, 6, dtype=torch.long)
+    with torch.no_grad():
+        base = DebertaModel(config).eval()(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        logits = DebertaForTokenClassification(config).eval()(input_ids, attention_mask=attention_mask).logits
+        mlm = DebertaForMaskedLM(config).eval()(input_ids, attention_mask=attention_mask).logits
+        classes = DebertaForSequenceClassification(config).eval()(input_ids, attention_mask=attention_mask).logits
+    assert base.last_hidden_state.shape == (2, 6, config.hidden_size) and not base.last_hidden_state.any()
+    assert all(not h.any() for h in base.hidden_states)
+    assert logits.shape == (2, 6, 3) and not logits.any()
+    assert mlm.shape == (2, 6, config.vocab_size) and not mlm.any()
+    assert classes.shape == (2, 3) and torch.isfinite(classes).all()
+
+
+def test_without_relative_attention_every_parameter_gets_a_gradient(tmp_path):
+    """Nothing is built that no pass uses (DDP without find_unused_parameters needs a gradient for every
+    parameter): without relative attention, no relative table and no LayerNorm of it; a checkpoint that carries that
+    LayerNorm still loads, without a warning about it."""
+    torch.manual_seed(0)
+    config = tiny_config(DebertaConfig, relative_attention=False, position_biased_input=True, norm_rel_ebd="layer_norm")
+    model = DebertaForMaskedLM(config).train()
+    input_ids, attention_mask, _ = make_batch()
+    model(input_ids, attention_mask=attention_mask, labels=input_ids).loss.backward()
+    assert [name for name, p in model.named_parameters() if p.grad is None] == []
+    model.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["deberta.encoder.LayerNorm.weight"] = torch.ones(config.hidden_size)
+    state["deberta.encoder.LayerNorm.bias"] = torch.zeros(config.hidden_size)
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    _, info = DebertaForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["unexpected_keys"]
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("unpad_inputs", ["never", "always"])
+def test_per_token_outputs_are_zero_at_padding_on_every_path(unpad_inputs, implementation):
+    """last_hidden_state, every hidden_states entry and the per-token logits hold zeros at padded positions, padded
+    or padding-free, and agree on real tokens."""
+    torch.manual_seed(0)
+    config = tiny_config(DebertaConfig, conv_kernel_size=3, emd_steps=2, unpad_inputs=unpad_inputs)
+    model = DebertaForMaskedLM(config).eval()
+    model.set_attn_implementation(implementation)
+    input_ids, attention_mask, _ = make_batch()
+    padding = ~attention_mask.bool()
+    with torch.no_grad():
+        output = model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        states = model.deberta(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    assert not output.logits[padding].any()
+    for hidden in (states.last_hidden_state, *states.hidden_states, *output.hidden_states):
+        assert not hidden[padding].any()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -952,18 +1023,6 @@ def test_model_type_is_distinct_from_transformers():
 def remote_inputs(auto_name: str) -> dict[str, torch.Tensor]:
     input_ids, attention_mask, _ = make_batch(choices=2 if auto_name == "AutoModelForMultipleChoice" else None)
     return {"input_ids": input_ids, "attention_mask": attention_mask}
-
-
-@pytest.mark.slow
-def test_remote_code_loads_every_head_in_a_fresh_process_without_posformers(tmp_path):
-    def build(auto_name):
-        torch.manual_seed(0)
-        return getattr(posformers, auto_heads(AUTO_MAP)[auto_name])(
-            tiny_config(DebertaConfig, conv_kernel_size=3)
-        ).eval()
-
-    heads = saved_heads(AUTO_MAP, build, remote_inputs, tmp_path)
-    check_remote_load(heads, env=python_env(tmp_path / "hf-home"), cwd=tmp_path)
 
 
 @pytest.mark.slow

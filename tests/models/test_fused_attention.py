@@ -1,10 +1,12 @@
 """DeBERTa's fused attention (`attn_implementation="posformers_fused"`, FlexAttention with the c2p/p2c scores read
 from their tables inside the kernel) against the eager kernel, forward and gradients, padded and packed.
 
-Every test runs on CPU and, where torch sees a CUDA device, on CUDA too. On CPU the forward runs the compiled
-FlexAttention kernel. torch 2.13 has no FlexAttention backward on CPU (the model trains there with the sdpa kernel),
-so on CPU the gradient tests lift that refusal and run FlexAttention uncompiled: its own autograd (the same score_mod,
-block mask and gradients into the captured tables) on its dense reference implementation. On CUDA they run the
+Every test runs on CPU and, where torch sees a CUDA device, on CUDA too. On CPU the kernel runs FlexAttention
+uncompiled (its dense reference implementation: the same score_mod and block mask), since inductor's CPU FlexAttention
+kernel is wrong where it generates AVX2 code (`posformers.attention.compiled_flex_attention`); the forward test also
+runs with inductor forced to AVX2, so that compiling it again on CPU fails here on any machine. torch 2.13 has no
+FlexAttention backward on CPU (the model trains there with the sdpa kernel), so on CPU the gradient tests lift that
+refusal and run FlexAttention's own autograd (gradients into the captured tables included). On CUDA they run the
 compiled kernels, forward and backward.
 """
 
@@ -15,7 +17,6 @@ import torch
 import torch.nn.attention.flex_attention as torch_flex
 from helpers.modeling import make_batch, max_diff, tiny_config
 
-from posformers import attention
 from posformers import modeling_deberta as deberta
 from posformers.configuration_deberta import DebertaConfig
 from posformers.modeling_deberta import DebertaForMaskedLM, DebertaForReplacedTokenDetection, DebertaModel
@@ -47,7 +48,6 @@ def flex_trains(monkeypatch, device):
     if device == "cpu":
         monkeypatch.setattr(torch_flex, "_validate_device", lambda *tensors: None)
         monkeypatch.setattr(deberta, "FLEX_BACKWARD_DEVICES", ("cpu",))
-        monkeypatch.setattr(attention, "compiled_flex_attention", lambda device_type: torch_flex.flex_attention)
 
 
 def batch(device: str, layout: str) -> dict[str, torch.Tensor]:
@@ -69,10 +69,30 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
 
 
+@pytest.fixture(params=["native", "avx2"])
+def inductor_isa(request):
+    """The instruction set inductor generates CPU code for: the machine's own, or AVX2 (what a CPU without AVX-512
+    gets: its CPU FlexAttention kernel was wrong there while exact with AVX-512)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor import cpu_vec_isa
+
+    simdlen = None
+    if request.param == "avx2":
+        if not any(isa.bit_width() == 256 and "avx2" in str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()):
+            pytest.skip("this CPU has no AVX2")
+        simdlen = 256
+    torch.compiler.reset()  # no kernel compiled for the other instruction set
+    with inductor_config.patch({"cpp.simdlen": simdlen}):
+        yield request.param
+    torch.compiler.reset()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_fused_forward_equals_eager(variant, layout, device):
+def test_fused_forward_equals_eager(variant, layout, device, inductor_isa):
+    if device != "cpu" and inductor_isa != "native":
+        pytest.skip("the instruction set is that of inductor's CPU code")
     torch.manual_seed(0)
     model = DebertaModel(config(variant)).to(device).eval()
     inputs = batch(device, layout)
@@ -224,13 +244,12 @@ def test_key_padding_block_mask_hides_padded_keys_only():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_default_and_fallbacks(device, caplog):
-    """The default is "posformers_fused" where CUDA is available, "sdpa" elsewhere; passes the kernel cannot run
-    (attention dropout in training, a (B, L, L) mask) run the sdpa kernel, with the same outputs."""
+def test_default_and_fallbacks(device, caplog, monkeypatch):
+    """The default is "sdpa" on every device; passes the kernel cannot run (attention dropout in training, a (B, L, L)
+    mask, a graph compiled for CPU) run the sdpa kernel, with the same outputs."""
     torch.manual_seed(0)
     model = DebertaModel(config("v3"))
-    expected_default = "posformers_fused" if torch.cuda.is_available() else "sdpa"
-    assert model.config._attn_implementation == expected_default
+    assert model.config._attn_implementation == "sdpa"  # the fused kernel is opt-in, on CUDA too
     model = model.to(device).eval()
     inputs = batch(device, "padded")
     mask = inputs["attention_mask"]
@@ -242,7 +261,12 @@ def test_default_and_fallbacks(device, caplog):
     assert max_diff(actual, expected, mask) <= 1e-5
     model.config.attention_probs_dropout_prob = 0.1
     dropout = DebertaModel(model.config).to(device).train()
-    assert dropout.encoder.layer[0].attention.self.fused_or_sdpa(torch.zeros(1, device=device), None) == "sdpa"
+    assert dropout.encoder.layer[0].attention.self.implementation(torch.zeros(1, device=device), None, False) == "sdpa"
+    attention = model.encoder.layer[0].attention.self
+    assert attention.implementation(torch.zeros(1, device=device), None, False) == "posformers_fused"
+    monkeypatch.setattr(deberta, "is_torchdynamo_compiling", lambda: True)
+    compiled = attention.implementation(torch.zeros(1, device=device), None, False)
+    assert compiled == ("sdpa" if device == "cpu" else "posformers_fused")
 
 
 def test_unknown_implementation_is_refused():

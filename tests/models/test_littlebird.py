@@ -14,7 +14,7 @@ import transformers
 from helpers import python_env
 from helpers.data import DATA_DIR
 from helpers.modeling import check_activation_checkpointing, check_preset_overrides, max_diff, tiny_config
-from helpers.remote import auto_heads, check_remote_load, push_saved, saved_heads
+from helpers.remote import auto_heads, check_remote_load, push_saved
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel
 
@@ -287,7 +287,7 @@ def test_model_matches_model_with_dense_attention(monkeypatch, global_prefix_len
         )  # fmt: skip
         return context, None
 
-    monkeypatch.setattr(modeling_littlebird, "unpack_sliding_window_attention", dense_kernel)
+    monkeypatch.setitem(modeling_littlebird.UNPACK_SLIDING_WINDOW_KERNELS, "eager", dense_kernel)
     with torch.no_grad():
         expected = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
     assert max_diff(actual.last_hidden_state, expected.last_hidden_state, attention_mask) <= TOL
@@ -453,15 +453,20 @@ def test_feed_forward_in_chunks_of_tokens_gives_the_same_outputs():
     assert (whole - chunked).abs().max().item() <= 1e-6
 
 
-def test_global_prefix_gives_the_same_outputs_padded_and_padding_free():
+def test_global_prefix_gives_the_same_outputs_padded_and_padding_free(monkeypatch):
     model = tiny_model(LittleBirdModel, pack_length=5, global_prefix_length=3)
     input_ids, attention_mask, token_type_ids = right_padded_batch([27, 19, 6, 2], 27)
+    packed_passes = []
+    original = modeling_littlebird.group_layouts
+    monkeypatch.setattr(
+        modeling_littlebird, "group_layouts", lambda *args: packed_passes.append(args) or original(*args)
+    )
     outputs = {}
     for mode in ("never", "always"):
         model.config.unpad_inputs = mode
         with torch.no_grad():
             outputs[mode] = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-    assert outputs["always"].packing is not None and outputs["never"].packing is None
+        assert bool(packed_passes) == (mode == "always")
     expected, actual = outputs["never"], outputs["always"]
     assert max_diff(actual.last_hidden_state, expected.last_hidden_state, attention_mask) <= TOL
     assert (actual.pack_states - expected.pack_states).abs().max().item() <= TOL
@@ -556,6 +561,31 @@ def test_attention_weights_are_returned_in_the_blocked_layout():
     assert output.pack_attentions[0][1, :, :, 8:].abs().max() == 0  # padded keys
     assert len(output.hidden_states) == len(output.pack_hidden_states) == 3
     assert torch.equal(output.pack_hidden_states[0][0], model.embeddings.pack_embeddings)
+
+
+def test_returned_attention_weights_receive_gradients():
+    """Attention attribution: the weights returned are the ones the output is computed from, so `retain_grad` on
+    them sees a gradient."""
+    model = tiny_model(LittleBirdModel, pack_length=6, num_hidden_layers=1)
+    input_ids, attention_mask, _ = right_padded_batch([21, 8], 21)
+    output = model(input_ids, attention_mask=attention_mask, output_attentions=True)
+    weights, pack_weights = output.attentions[0], output.pack_attentions[0]
+    weights.retain_grad()
+    pack_weights.retain_grad()
+    direction = torch.randn(output.last_hidden_state.shape[-1], generator=torch.Generator().manual_seed(0))
+    (output.last_hidden_state[:, 3] @ direction).sum().backward()  # a plain sum of LayerNorm outputs is constant
+    assert weights.grad is not None and weights.grad.abs().max() > 0
+    assert pack_weights.grad is not None and pack_weights.grad.abs().max() > 0
+
+
+@pytest.mark.parametrize("unpad_inputs", ["never", "auto", "always"])
+def test_a_batch_without_real_tokens_gives_outputs(unpad_inputs):
+    model = tiny_model(LittleBirdForQuestionAnswering, unpad_inputs=unpad_inputs)
+    input_ids, attention_mask, _ = right_padded_batch([0, 0], 11)
+    with torch.no_grad():
+        output = model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    assert output.start_logits.shape == (2, 11) and torch.isfinite(output.start_logits).all()
+    assert output.hidden_states[-1].abs().max() == 0
 
 
 class LargestTensor(TorchDispatchMode):
@@ -788,14 +818,6 @@ def head_inputs(auto_name: str) -> dict[str, torch.Tensor]:
     if auto_name == "AutoModelForMultipleChoice":
         inputs = {key: value[None].expand(2, -1, -1).contiguous() for key, value in inputs.items()}
     return inputs
-
-
-@pytest.mark.slow
-def test_remote_code_loads_every_head_in_a_process_without_posformers(tmp_path):
-    heads = saved_heads(
-        AUTO_MAP, lambda auto_name: tiny_model(getattr(posformers, HEADS[auto_name])), head_inputs, tmp_path
-    )
-    check_remote_load(heads, env=python_env(tmp_path / "hf-home"), cwd=tmp_path)
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ def block_sparse_refused(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the block-sparse products ran")
 
-    monkeypatch.setattr(littlebird, "unpack_sliding_window_attention", refuse)
+    monkeypatch.setitem(littlebird.UNPACK_SLIDING_WINDOW_KERNELS, "eager", refuse)
 
 
 def with_implementation(model, implementation: str, layout: str):
@@ -190,18 +190,23 @@ def test_block_mask_attends_the_keys_of_the_layout(block_size, seq_len, min_tile
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_default_and_fallbacks(device, caplog):
-    """The default is "posformers_fused" where CUDA is available, "eager" elsewhere; "flex_attention" runs the fused
-    kernel too; passes it cannot run (weights asked for, attention dropout in training, a backward on CPU) run the
-    block-sparse products, with the same outputs."""
+    """The default is the block-sparse products ("eager") on every device, CUDA included: the fused kernel is one
+    argument away. "flex_attention" (transformers' FlexAttention kernel, which cannot run USWAttn) is refused with a
+    pointer to "posformers_fused". Passes the fused kernel cannot run (weights asked for, attention dropout in
+    training, a backward on CPU) run the block-sparse products, with the same outputs."""
     torch.manual_seed(0)
     model = LittleBirdModel(config())
-    assert model.config._attn_implementation == ("posformers_fused" if torch.cuda.is_available() else "eager")
+    assert model.config._attn_implementation == "eager"
+    with pytest.raises(ValueError, match="posformers_fused"):
+        LittleBirdModel(config(attn_implementation="flex_attention"))
+    with pytest.raises(ValueError, match="posformers_fused"):
+        model.set_attn_implementation("flex_attention")
     model = model.to(device).eval()
     inputs = batch(device)
     with torch.no_grad():
         expected = with_implementation(model, "eager", "padded")(**inputs, output_attentions=True)
-        actual = with_implementation(model, "flex_attention", "padded")(**inputs, output_attentions=True)
-    assert model.config._attn_implementation == "flex_attention"
+        actual = with_implementation(model, "posformers_fused", "padded")(**inputs, output_attentions=True)
+    assert model.config._attn_implementation == "posformers_fused"
     assert all(torch.equal(a, e) for a, e in zip(actual.attentions, expected.attentions, strict=True))
     attention = model.encoder.layer[0].attention.self
     if device == "cpu":

@@ -198,7 +198,7 @@ def explicit_kernel(monkeypatch):
     def explicit(*args, **kwargs):
         return kernel(*args, **{**kwargs, "need_weights": True})[0], None
 
-    monkeypatch.setattr(modeling_littlebird, "unpack_sliding_window_attention", explicit)
+    monkeypatch.setitem(modeling_littlebird.UNPACK_SLIDING_WINDOW_KERNELS, "eager", explicit)
 
 
 def model_gradients(model, inputs):

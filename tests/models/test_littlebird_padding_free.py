@@ -166,13 +166,14 @@ def test_inputs_embeds_and_broadcast_token_types_are_packed_like_input_ids():
 def test_auto_runs_the_padded_path_without_padding_and_packs_with_it(monkeypatch):
     model = tiny_model()
     built = []
-    original = modeling_littlebird.PackedLayout.build
+    original = modeling_littlebird.group_layouts
 
-    def spy(*args, **kwargs):
-        built.append(args[0])
-        return original(*args, **kwargs)
+    def spy(config, packing, dtype):  # every layer asks; the packings of the packed passes, once each
+        if not any(packing is seen for seen in built):
+            built.append(packing)
+        return original(config, packing, dtype)
 
-    monkeypatch.setattr(modeling_littlebird.PackedLayout, "build", spy)
+    monkeypatch.setattr(modeling_littlebird, "group_layouts", spy)
     input_ids, attention_mask, _ = padded_batch([10, 10], 10)
     with torch.no_grad():
         model(input_ids)
@@ -192,7 +193,7 @@ def test_auto_runs_the_padded_path_without_padding_and_packs_with_it(monkeypatch
 def test_auto_keeps_the_padded_path_where_packing_is_ruled_out(monkeypatch):
     """output_attentions (weights in the padded blocked layout) and Padding Insertion (padding between real tokens,
     which keeps its positions) run padded in "auto"; "always" refuses them by name."""
-    monkeypatch.setattr(modeling_littlebird.PackedLayout, "build", None)  # any packed pass would fail
+    monkeypatch.setattr(modeling_littlebird, "group_layouts", None)  # any packed pass would fail
     model = tiny_model()
     input_ids, attention_mask, _ = padded_batch([10, 6], 10)
     inserted = attention_mask.clone()

@@ -505,22 +505,19 @@ def check_fused_attention(head: str, fields: dict, batches_: list) -> None:
     model = build(head, fields)
     for batch in batches_:
         expected = alone_outputs(model, batch)
-        for implementation in ("flex_attention", "posformers_fused"):
-            for unpad_inputs in ("never", "always"):
-                outputs = run(model, implementation, unpad_inputs, **batch)
-                what = f"{implementation}, unpad_inputs={unpad_inputs}"
-                check_against_alone(head, outputs, expected, batch, what)
+        for unpad_inputs in ("never", "always"):
+            outputs = run(model, "posformers_fused", unpad_inputs, **batch)
+            check_against_alone(head, outputs, expected, batch, f"posformers_fused, unpad_inputs={unpad_inputs}")
 
 
 @examples(12)
 @given(case=fused_cases())
 def test_fused_attention_score_mod_equals_each_sequence_alone(case):
-    """The fused kernel's logic ("flex_attention" and "posformers_fused": the position scores read from the small
+    """The fused kernel's logic ("posformers_fused": the position scores read from the small
     tables inside FlexAttention's score_mod, key padding and packed sequences as block masks), padded and
     padding-free, gives every real token what its sequence alone gives. Run uncompiled (torch's reference
     FlexAttention on a materialised score matrix, the same score_mod and block masks): compiling costs 10-20 s per
-    config and batch shape here. The compiled kernel is compared with the others in test_fused_attention.py and
-    test_deberta.py::test_flex_attention_equals_sdpa."""
+    config and batch shape here. The kernel is compared with the others in test_fused_attention.py."""
     with torch.compiler.set_stance("force_eager"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
         check_fused_attention(*case)
@@ -547,14 +544,16 @@ def test_tolerance_detects_an_unmasked_padding_token():
 def test_set_attn_implementation_switches_the_kernel(monkeypatch):
     """Regression: transformers guesses from a module's source whether its attention kernel can be switched, and
     guessed wrong for DeBERTa, so `set_attn_implementation` only warned and every pass stayed on sdpa (the eager and
-    flex_attention comparisons above and in test_deberta.py compared sdpa with itself)."""
+    fused comparisons above compared sdpa with itself)."""
     import posformers.modeling_deberta as modeling
 
     calls = []
-    eager = modeling.eager_attention
-    monkeypatch.setattr(modeling, "eager_attention", lambda *args: calls.append(1) or eager(*args))
+    eager = modeling.ATTENTION_KERNELS["eager"]
+    monkeypatch.setitem(
+        modeling.ATTENTION_KERNELS, "eager", lambda *args, **kwargs: calls.append(1) or eager(*args, **kwargs)
+    )
     model = build("base", SMALLEST)
-    for implementation in ("eager", "flex_attention", "sdpa"):
+    for implementation in ("eager", "posformers_fused", "sdpa"):
         model.set_attn_implementation(implementation)
         assert model.config._attn_implementation == implementation
     run(model, "eager", "never", input_ids=torch.tensor([[1, 2, 3]]))

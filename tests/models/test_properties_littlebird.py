@@ -236,7 +236,7 @@ def test_every_path_gives_the_same_finite_outputs(fields, seed, data):
 @examples(EXAMPLES["fused"])
 @given(fields=valid_fields(), seed=st.integers(0, 2**16), data=st.data())
 def test_the_fused_attention_matches_the_block_sparse_products(fields, seed, data):
-    """attn_implementation="flex_attention" (the fused USWAttn: a block mask and the BiALiBi bias in a score_mod)
+    """attn_implementation="posformers_fused" (the fused USWAttn: a block mask and the BiALiBi bias in a score_mod)
     against the block-sparse products, padded and padding-free. FlexAttention runs uncompiled here, its dense reference
     (reading the mask_mod and score_mod for every pair, in float64 too): compiled, it builds a kernel per shape, seconds
     each on CPU, which tests/models/test_fused_attention.py does for fixed shapes."""
@@ -249,7 +249,7 @@ def test_the_fused_attention_matches_the_block_sparse_products(fields, seed, dat
     def both_kernels(model):
         model.config._attn_implementation = "sdpa"
         outputs = {"block-sparse": run(model, batch, "never")}
-        model.config._attn_implementation = "flex_attention"
+        model.config._attn_implementation = "posformers_fused"
         with (
             mock.patch.object(modeling_littlebird, "flex_attention_kernel", lambda device_type: flex_attention),
             mock.patch.object(modeling_littlebird, "FLEX_CPU_DTYPES", DTYPES),
@@ -800,6 +800,6 @@ def test_the_fused_attention_of_a_float64_model_on_cpu_runs_the_block_sparse_pro
     input_ids = torch.randint(1, 99, (2, 11))
     with torch.no_grad():
         expected = model(input_ids).last_hidden_state
-        model.config._attn_implementation = "flex_attention"
+        model.config._attn_implementation = "posformers_fused"
         output = model(input_ids).last_hidden_state
     assert torch.equal(output, expected)

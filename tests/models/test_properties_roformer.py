@@ -1,7 +1,7 @@
 """Property-based tests (hypothesis) of RoFormer: configs and inputs nobody wrote by hand.
 
 Valid configs are drawn over every option the config exposes (sizes, heads, head dimensions, rotary dimension or
-fraction, layout, theta, every rope_scaling type and its keys, v2 norm and bias, linear attention, rotary values,
+fraction, layout, theta, every rope_parameters type and its keys, v2 norm and bias, linear attention, rotary values,
 factorised embeddings, token types, pooler, decoder and bidirectional_prompt) at tiny sizes, and run on random
 right-padded batches (rows of length 1 to beyond max_position_embeddings, fully padded rows, extra padding columns,
 token types, position_ids, inputs_embeds, flattened batches). The reference is never the tested path's own output:
@@ -106,7 +106,7 @@ def config_fields(draw, decoder: bool = False) -> dict:
     rope_dim = head_dim if rotary == "all" else rotary_dim
     if scaling is not None and scaling["rope_type"] == "dynamic" and rope_dim <= 2:
         scaling = None  # dynamic NTK raises the base to the power dim / (dim - 2)
-    fields["rope_scaling"] = scaling
+    fields["rope_parameters"] = {"rope_theta": fields.pop("rope_theta"), **(scaling or {"rope_type": "default"})}
     return fields
 
 
@@ -155,7 +155,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, scale:
 
 
 def dynamic_scaling(fields: dict) -> bool:
-    return (fields["rope_scaling"] or {}).get("rope_type") == "dynamic"
+    return fields["rope_parameters"]["rope_type"] == "dynamic"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -285,7 +285,8 @@ def shift_cases(draw):
     fields = draw(config_fields())
     fields["rotary_value"] = False  # rotated values carry absolute positions
     if dynamic_scaling(fields):
-        fields["rope_scaling"] = None  # the dynamic base depends on the largest position
+        # the dynamic base depends on the largest position
+        fields["rope_parameters"] = {"rope_type": "default", "rope_theta": fields["rope_parameters"]["rope_theta"]}
     return fields, draw(batches(fields)), draw(st.integers(-50, 300))
 
 
@@ -380,8 +381,8 @@ NOT_NAMES = ["bogus", None, 3]
 
 
 @st.composite
-def broken_rope_scalings(draw, fields: dict):
-    """A rope_scaling that a valid config with `fields` cannot take."""
+def broken_rope_parameters(draw, fields: dict):
+    """A rope_parameters that a valid config with `fields` cannot take."""
     factor = {"factor": 2.0}
     return draw(
         st.sampled_from(
@@ -409,6 +410,7 @@ def broken_rope_scalings(draw, fields: dict):
                 {"rope_type": "yarn", "mscale": -1.0, **factor},
                 {"rope_type": "yarn", "mscale_all_dim": math.inf, **factor},
                 {"rope_type": "yarn", "truncate": "no", **factor},
+                *({"rope_type": "default", "rope_theta": theta} for theta in NOT_POSITIVE_NUMBERS),
             ]
         )
     )
@@ -435,12 +437,11 @@ def invalid_configs(draw):
         "type_vocab_size": st.sampled_from([-1, 1.5, "2", None]),
         "hidden_dropout_prob": st.sampled_from(NOT_PROBABILITIES),
         "attention_probs_dropout_prob": st.sampled_from(NOT_PROBABILITIES),
-        "rope_theta": st.sampled_from(NOT_POSITIVE_NUMBERS),
         "layer_norm_eps": st.sampled_from([-1e-12, "1e-12", None, math.nan, math.inf]),
         "initializer_range": st.sampled_from([-0.02, "0.02", None, math.nan, math.inf]),
         "rotary_dim": st.sampled_from([0, -2, 2.0, "2", True, head_dim + 1 + head_dim % 2, 2 * head_dim + 2]),
         "partial_rotary_factor": st.sampled_from([0.0, -0.5, 1.5, "0.5", math.nan, True]),
-        "rope_scaling": broken_rope_scalings(fields),
+        "rope_parameters": broken_rope_parameters(fields),
         "pad_token_id": st.sampled_from([fields["vocab_size"], -1, "0", 1.5, True]),
         "question_token_id": st.sampled_from([fields["vocab_size"], -1, "0", 1.5, True]),
         **{
@@ -611,7 +612,7 @@ def test_dynamic_ntk_scaling_does_not_depend_on_padding(length, padding, unpad_i
     """Dynamic NTK scaling sized its base for the padded width: 5 padding columns after 12 real tokens (past
     max_position_embeddings=8) changed every real token's output by ~0.2. It now reads the longest real sequence,
     while padded positions past the table (6 real tokens padded to 10) are still computed, not looked up."""
-    model = build(regression_fields(rope_scaling={"rope_type": "dynamic", "factor": 4.0}))
+    model = build(regression_fields(rope_parameters={"rope_type": "dynamic", "factor": 4.0}))
     input_ids = torch.randint(1, 99, (1, length), generator=torch.Generator().manual_seed(0))
     expected = run(model, "eager", "never", input_ids=input_ids).last_hidden_state
     padded = torch.nn.functional.pad(input_ids, (0, padding))
@@ -632,22 +633,34 @@ def test_rms_norm_lm_head_with_factorised_embeddings_is_refused():
     ("overrides", "message"),
     [
         # bare TypeErrors from a comparison or math.log, naming nothing
-        ({"rope_theta": "1e4"}, r"RoFormerConfig\.rope_theta must be positive"),
+        (
+            {"rope_parameters": {"rope_theta": "1e4"}},
+            r"RoFormerConfig\.rope_parameters\['rope_theta'\] must be positive",
+        ),
         ({"partial_rotary_factor": "0.5"}, r"RoFormerConfig\.partial_rotary_factor must be in \(0, 1\]"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_fast": "32"}}, r"rope_scaling\['beta_fast'\]"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "mscale": "1"}}, r"rope_scaling\['mscale'\]"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "beta_fast": "32"}},
+            r"rope_parameters\['beta_fast'\]",
+        ),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "mscale": "1"}}, r"rope_parameters\['mscale'\]"),
         # "math domain error" from inside the YaRN ramp
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_slow": -1.0}}, r"rope_scaling\['beta_slow'\]"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "beta_slow": -1.0}},
+            r"rope_parameters\['beta_slow'\]",
+        ),
         # accepted, then NaN in every output
-        ({"rope_theta": math.nan}, r"RoFormerConfig\.rope_theta must be positive"),
+        ({"rope_parameters": {"rope_theta": math.nan}}, r"rope_parameters\['rope_theta'\] must be positive"),
         ({"layer_norm_eps": -1.0}, r"RoFormerConfig\.layer_norm_eps must be a number >= 0"),
-        ({"rope_scaling": {"rope_type": "linear", "factor": math.nan}}, r"rope_scaling\['factor'\] must be a number"),
+        (
+            {"rope_parameters": {"rope_type": "linear", "factor": math.nan}},
+            r"rope_parameters\['factor'\] must be a number",
+        ),
         # accepted silently
         ({"use_bias": "no"}, r"RoFormerConfig\.use_bias must be True or False"),
         ({"rotary_value": 1}, r"RoFormerConfig\.rotary_value must be True or False"),
         ({"partial_rotary_factor": True}, r"RoFormerConfig\.partial_rotary_factor must be in"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "attention_factor": -1.0}}, r"'attention_factor'\]"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "truncate": "no"}}, r"rope_scaling\['truncate'\]"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "attention_factor": -1.0}}, r"'attention_factor'\]"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "truncate": "no"}}, r"rope_parameters\['truncate'\]"),
         # a KeyError or a RuntimeError only when the model was built
         ({"hidden_act": "swish-ish"}, r"RoFormerConfig\.hidden_act must be the name of an activation"),
         ({"initializer_range": -0.02}, r"RoFormerConfig\.initializer_range must be a number >= 0"),

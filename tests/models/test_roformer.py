@@ -259,8 +259,8 @@ def test_torch_compile():
 
 def reference_frequencies(config, seq_len):
     """theta_i written out from the papers / transformers' rope utilities, one formula per scaling type."""
-    d, base = config.rope_dim, config.rope_theta
-    scaling = config.rope_scaling or {}
+    d, base = config.rope_dim, config.rope_parameters["rope_theta"]
+    scaling = config.rope_parameters
     kind, factor = scaling.get("rope_type"), scaling.get("factor", 1.0)
     if kind == "dynamic" and seq_len > config.max_position_embeddings:
         base = base * (factor * seq_len / config.max_position_embeddings - (factor - 1)) ** (d / (d - 2))
@@ -342,11 +342,11 @@ ROTARY_CASES = {
     "partial_rotary_factor": {"partial_rotary_factor": 0.5},
     "rotary_dim": {"rotary_dim": 2},
     "half_layout_partial": {"rope_layout": "half", "rotary_dim": 4},
-    "theta": {"rope_theta": 500.0},
+    "theta": {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}},
     "rotary_value": {"rotary_value": True, "rotary_dim": 4},
-    "linear_scaling": {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
-    "dynamic_ntk": {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8},
-    "yarn": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}},
+    "linear_scaling": {"rope_parameters": {"rope_type": "linear", "factor": 4.0}},
+    "dynamic_ntk": {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8},
+    "yarn": {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}},
     "linear_kernel": {"attention_kernel": "linear"},
     "linear_kernel_partial_half": {"attention_kernel": "linear", "rotary_dim": 4, "rope_layout": "half"},
 }
@@ -399,7 +399,9 @@ def test_scaled_frequencies_match_transformers_rope_utilities(scaling, partial):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    ours = tiny_config(RoFormerConfig, rope_scaling=scaling, partial_rotary_factor=partial, max_position_embeddings=64)
+    ours = tiny_config(
+        RoFormerConfig, rope_parameters=scaling, partial_rotary_factor=partial, max_position_embeddings=64
+    )
     llama = LlamaConfig(
         hidden_size=32,
         num_attention_heads=4,
@@ -417,7 +419,7 @@ def test_dynamic_ntk_only_changes_long_inputs():
     torch.manual_seed(0)
     plain = RoFormerModel(tiny_config(RoFormerConfig, max_position_embeddings=16)).eval()
     dynamic = RoFormerModel(
-        tiny_config(RoFormerConfig, max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+        tiny_config(RoFormerConfig, max_position_embeddings=16, rope_parameters={"rope_type": "dynamic", "factor": 2.0})
     ).eval()
     dynamic.load_state_dict(plain.state_dict())
     short, long = torch.randint(1, 99, (1, 12)), torch.randint(1, 99, (1, 40))
@@ -493,11 +495,16 @@ def test_mlm_decoder_is_tied_to_word_embeddings(tmp_path):
 
 
 def test_no_token_type_embeddings():
+    """Without token type embeddings the token_type_ids a tokenizer returns are ignored (the rule `check_inputs` holds
+    for every model), but must still have the input's shape."""
     model = RoFormerModel(tiny_config(RoFormerConfig, type_vocab_size=0)).eval()
     assert not hasattr(model.embeddings, "token_type_embeddings")
-    assert model(torch.randint(1, 99, (1, 5)))[0].shape == (1, 5, 32)
+    input_ids = torch.randint(1, 99, (1, 5))
+    with torch.no_grad():
+        expected = model(input_ids).last_hidden_state
+        assert torch.equal(model(input_ids, token_type_ids=torch.ones(1, 5, dtype=torch.long))[0], expected)
     with pytest.raises(ValueError, match="token_type_ids"):
-        model(torch.randint(1, 99, (1, 5)), token_type_ids=torch.zeros(1, 5, dtype=torch.long))
+        model(input_ids, token_type_ids=torch.zeros(1, 4, dtype=torch.long))
 
 
 @pytest.mark.parametrize("summary_type", ["first", "last", "mean"])
@@ -509,9 +516,8 @@ def test_multiple_choice_summary(summary_type):
     mask[..., 6:] = 0
     with torch.no_grad():
         logits = model(input_ids, attention_mask=mask).logits
-        # "last" reads a padding token's state, which only the padded path computes (the head runs it so)
-        model.config.unpad_inputs = "never"
-        hidden = model.roformer(input_ids.view(6, 8), attention_mask=mask.view(6, 8))[0]
+        # "last" reads a padding token's state, which the base model returns with keep_padding_states (the head asks)
+        hidden = model.roformer(input_ids.view(6, 8), attention_mask=mask.view(6, 8), keep_padding_states=True)[0]
     pooled = {"first": hidden[:, 0], "last": hidden[:, -1], "mean": hidden[:, :6].mean(1)}[summary_type]
     assert torch.allclose(logits, model.classifier(pooled).view(2, 3), atol=1e-6)
 
@@ -628,14 +634,15 @@ def test_save_load_round_trip_and_auto_classes(tmp_path):
     torch.manual_seed(0)
     model = RoFormerForMaskedLM(
         tiny_config(
-            RoFormerConfig, rope_scaling={"rope_type": "linear", "factor": 2.0}, rotary_dim=4, rope_layout="half"
+            RoFormerConfig, rope_parameters={"rope_type": "linear", "factor": 2.0}, rotary_dim=4, rope_layout="half"
         )
     ).eval()
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
     assert not list(tmp_path.glob("*.bin"))
     config = AutoConfig.from_pretrained(tmp_path)
-    assert type(config) is RoFormerConfig and config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    assert type(config) is RoFormerConfig
+    assert config.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     reloaded = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
     assert type(reloaded) is RoFormerForMaskedLM
     base = AutoModel.from_pretrained(tmp_path)
@@ -787,12 +794,12 @@ def test_real_vocabularies_run_through_the_model():
         ({"norm_type": "batch_norm"}, "norm_type must be one of"),
         ({"attention_kernel": "flash"}, "attention_kernel must be one of"),
         ({"summary_type": "attn"}, "summary_type must be one of"),
-        ({"rope_scaling": {"rope_type": "ntk-by-parts", "factor": 2.0}}, "rope_type'] must be one of"),
-        ({"rope_scaling": {"rope_type": "linear"}}, "needs the key"),
-        ({"rope_scaling": {"rope_type": "linear", "factor": 0.5}}, "must be a number >= 1"),
-        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0, "beta_fast": 3}}, "does not take the key"),
-        ({"rope_scaling": ["linear", 2.0]}, "must be a dict"),
-        ({"rope_theta": 0}, "rope_theta must be positive"),
+        ({"rope_parameters": {"rope_type": "ntk-by-parts", "factor": 2.0}}, "rope_type'] must be one of"),
+        ({"rope_parameters": {"rope_type": "linear"}}, "needs the key"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": 0.5}}, "must be a number >= 1"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "beta_fast": 3}}, "does not take the key"),
+        ({"rope_parameters": ["linear", 2.0]}, "must be a dict"),
+        ({"rope_parameters": {"rope_theta": 0}}, r"rope_parameters\['rope_theta'\] must be positive"),
         ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),
         ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob must be in"),
         ({"pad_token_id": 500}, "pad_token_id"),
@@ -809,7 +816,7 @@ def test_config_validation(overrides, message):
 
 def test_legacy_rope_scaling_type_key_is_accepted():
     config = tiny_config(RoFormerConfig, rope_scaling={"type": "linear", "factor": 2.0})
-    assert config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    assert config.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
 
 
 @pytest.mark.parametrize(
@@ -878,3 +885,69 @@ def test_flex_attention_equals_sdpa(is_decoder):
         model.set_attn_implementation("flex_attention")
         actual = model(input_ids, attention_mask=attention_mask).last_hidden_state
     assert max_diff(expected, actual, attention_mask) <= TOL
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Edge cases transformers' RoFormer handles
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("unpad_inputs", ["auto", "always", "never"])
+def test_batch_of_padding_only_returns_outputs(unpad_inputs, tmp_path):
+    """A batch whose every row is padding runs as transformers' RoFormer does, with zeros at the padded positions."""
+    torch.manual_seed(0)
+    reference = transformers.RoFormerForTokenClassification(transformers.RoFormerConfig(**TINY, num_labels=3)).eval()
+    ours = reload_as(reference, RoFormerForTokenClassification, tmp_path, unpad_inputs=unpad_inputs)
+    input_ids, attention_mask = torch.randint(1, 99, (2, 6)), torch.zeros(2, 6, dtype=torch.long)
+    with torch.no_grad():
+        expected = reference(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        actual = ours(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    assert actual.logits.shape == expected.logits.shape
+    assert not actual.logits.any()
+    assert len(actual.hidden_states) == len(expected.hidden_states)
+    assert not any(h.any() for h in actual.hidden_states)
+
+
+def test_rotary_tables_are_rebuilt_after_meta_device_loading(tmp_path):
+    torch.manual_seed(0)
+    model = RoFormerModel(tiny_config(RoFormerConfig)).eval()
+    model.save_pretrained(tmp_path)
+    loaded = RoFormerModel.from_pretrained(tmp_path).eval()
+    assert torch.equal(loaded.rotary_emb.cos_cached, model.rotary_emb.cos_cached)
+    assert torch.equal(loaded.rotary_emb.sin_cached, model.rotary_emb.sin_cached)
+
+
+@pytest.mark.parametrize("output", ["last_hidden_state", "hidden_states", "logits"])
+def test_padded_positions_hold_zeros_on_every_path(output):
+    """Per-token outputs at padded positions are zeros whether the batch ran padded or padding-free, so a row's outputs
+    do not depend on the path its batch took."""
+    torch.manual_seed(0)
+    model_class = RoFormerModel if output != "logits" else RoFormerForTokenClassification
+    model = model_class(tiny_config(RoFormerConfig, num_labels=3)).eval()
+    input_ids, attention_mask, _ = make_batch()
+    results = {}
+    for mode in ("never", "always"):
+        model.config.unpad_inputs = mode
+        with torch.no_grad():
+            result = model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        states = getattr(result, output)
+        results[mode] = torch.stack(states) if output == "hidden_states" else states[None]
+        padding = attention_mask[None, ..., None].expand_as(results[mode]) == 0
+        assert not results[mode][padding].any(), f"unpad_inputs={mode!r}: non-zero {output} at padded positions"
+    torch.testing.assert_close(results["never"], results["always"], atol=1e-5, rtol=0)
+
+
+def test_causal_lm_logits_hold_zeros_at_padding():
+    """The decoder runs padded only; its per-token logits follow the same rule (a left-padded prompt, as `generate`
+    pads it)."""
+    torch.manual_seed(0)
+    model = RoFormerForCausalLM(tiny_config(RoFormerConfig, is_decoder=True)).eval()
+    torch.nn.init.normal_(model.cls.predictions.transform.LayerNorm.bias)  # the head maps zero states to non-zeros
+    input_ids, attention_mask, _ = make_batch()
+    attention_mask = attention_mask.flip(-1)
+    with torch.no_grad():
+        logits = model(input_ids, attention_mask=attention_mask).logits
+        last = model(input_ids, attention_mask=attention_mask, logits_to_keep=1).logits
+    assert not logits[attention_mask == 0].any()
+    assert logits[attention_mask == 1].abs().sum(-1).min() > 0
+    torch.testing.assert_close(last, logits[:, -1:])

@@ -167,7 +167,7 @@ def test_packed_equals_padded(head, case, mode, training, monkeypatch):
     calls = packing_calls(monkeypatch)
     last_read_at_padding = head == "multiple-choice-last" and not bool(mask.bool()[..., -1].all())
     if mode == "always" and last_read_at_padding:  # the padding token's state exists on the padded path only
-        with pytest.raises(ValueError, match="summary_type='last' reads the last position"):
+        with pytest.raises(ValueError, match="keep_padding_states=True returns the states of padded positions"):
             run(model, head, inputs, mask, mode)
         return
     actual, actual_grads, _ = run(model, head, inputs, mask, mode)
@@ -263,7 +263,7 @@ def test_always_refuses_what_cannot_be_packed():
         model(**{**inputs, "attention_mask": mask[:, None, None, :].bool().expand(4, 1, 17, 17)})
     multiple_choice = build("multiple-choice-last", unpad_inputs="always").eval()
     choice_inputs, _ = head_inputs("multiple-choice-last", *CASES["mixed-lengths"])
-    with pytest.raises(ValueError, match="summary_type='last'"):
+    with pytest.raises(ValueError, match="keep_padding_states=True"):
         multiple_choice(**choice_inputs)
 
 

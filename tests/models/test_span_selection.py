@@ -348,7 +348,9 @@ def test_question_answering_errors_name_the_problem(name, squad_passages):
     config_class = MODELS[name][0]
     with pytest.raises(ValueError, match=rf"^{config_class.__name__}.qa_head must be one of \('linear', 'span_"):
         tiny_config(config_class, qa_head="splinter")
-    with pytest.raises(ValueError, match=rf"^{config_class.__name__}.question_token_id must be None or in \[0, "):
+    with pytest.raises(
+        ValueError, match=rf"^{config_class.__name__}.question_token_id \(99\) must be None or an integer"
+    ):
         tiny_config(config_class, question_token_id=99)
 
 
