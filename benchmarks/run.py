@@ -12,7 +12,8 @@ redraws the plot of a report already written, without running anything.
 benchmarks/realbatch.py) runs every model, real-data workload, mode and variant in one run and also writes
 realbatch.md and a plot, realbatch.png; of the options below it takes --quick (tiny models, one timed batch per
 cell), --families, --threads, --max-other-cpu, --no-memory and --output. `gpu` runs benchmarks/gpu.py (the GPU suite,
-`python -m benchmarks.gpu`) with --device, --dtype, --output, and --quick as its --smoke.
+`python -m benchmarks.gpu`) with --device, --dtype, --output, and --quick as its --smoke. `deploy` runs
+benchmarks/deploy.py (CPU deployment: ONNX Runtime float32 and int8 against PyTorch) with --quick, --threads, --output.
 
 On CPU the torch thread count is fixed for the whole run (`--threads`, default: every core) and recorded; models run
 in float32. With CUDA available they run on the GPU in bfloat16.
@@ -35,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     suite = parser.add_mutually_exclusive_group(required=True)
     suite.add_argument("--model", choices=sorted(SUITES), help="benchmark suite of one model")
-    suite.add_argument("--suite", choices=[*sorted(SUITES), "realbatch", "gpu"], help="benchmark suite")
+    suite.add_argument("--suite", choices=[*sorted(SUITES), "realbatch", "gpu", "deploy"], help="benchmark suite")
     parser.add_argument(
         "--families",
         nargs="+",
@@ -102,6 +103,18 @@ def run_realbatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_deploy(args: argparse.Namespace) -> int:
+    """benchmarks/deploy.py (CPU deployment) with --quick, --threads and --output."""
+    from . import deploy
+
+    options = deploy.Options(quick=args.quick, **({"threads": args.threads} if args.threads else {}))
+    report, written = deploy.main(options, args.output)
+    sys.stdout.write(deploy.format_markdown(report))
+    for kind, where in written.items():
+        print(f"{kind}: {where}")
+    return 0
+
+
 def run_gpu(args: argparse.Namespace) -> int:
     """`python -m benchmarks.gpu` (see benchmarks/gpu.py) with --device, --dtype, --output, and --quick as --smoke."""
     from . import gpu
@@ -131,6 +144,8 @@ def main(argv=None) -> int:
         return run_realbatch(args)
     if args.model == "gpu":
         return run_gpu(args)
+    if args.model == "deploy":
+        return run_deploy(args)
     if args.quick:
         seq_lens = args.seq_lens or list(QUICK_SEQ_LENS)
         repeats, warmup = args.repeats or 3, 1 if args.warmup is None else args.warmup
