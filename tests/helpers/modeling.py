@@ -123,10 +123,12 @@ def sim_generation_reference(reference, prompt: torch.Tensor, steps: int):
     token type 1, then attends causally to the cache. Returns the tokens and the logits each choice was made from."""
     from transformers import DynamicCache
 
+    from posformers.modeling_roformer import CACHE_FIELD  # the argument's name in this transformers version
+
     cache = DynamicCache(config=reference.config)
     reference.config.is_decoder = False
     try:
-        logits = [reference(prompt, past_key_values=cache).logits]
+        logits = [reference(prompt, **{CACHE_FIELD: cache}).logits]
     finally:
         reference.config.is_decoder = True
     assert cache.get_seq_length() == prompt.shape[1]
@@ -134,7 +136,7 @@ def sim_generation_reference(reference, prompt: torch.Tensor, steps: int):
     for _ in range(steps):
         token = logits[-1][:, -1].argmax(-1, keepdim=True)
         tokens = torch.cat([tokens, token], dim=1)
-        step = reference(token, token_type_ids=torch.ones_like(token), past_key_values=cache, use_cache=True)
+        step = reference(token, token_type_ids=torch.ones_like(token), use_cache=True, **{CACHE_FIELD: cache})
         logits.append(step.logits)
     return tokens, logits
 
@@ -178,3 +180,17 @@ def check_flattened_refusals(model, batch: dict) -> None:
         model(input_ids=batch["input_ids"], position_ids=wrong)
     with pytest.raises(ValueError, match="output_attentions"):
         model(**batch, output_attentions=True)
+
+
+def packing_calls(monkeypatch, modeling_module) -> list:
+    """Records the packing every base model of `modeling_module` plans for its pass (None for the padded path): the
+    base models return transformers' output types only, so this is where a test sees which path a pass took."""
+    calls = []
+    plan = modeling_module.plan_packing
+
+    def recording(*args, **kwargs):
+        calls.append(plan(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(modeling_module, "plan_packing", recording)
+    return calls
