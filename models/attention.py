@@ -1,5 +1,5 @@
-"""FlexAttention plumbing shared by the fused kernels of DeBERTa and LittleBird: availability, one compiled kernel per
-device type, and which devices run its backward."""
+"""FlexAttention plumbing shared by the fused kernels of DeBERTa and LittleBird: availability, the choice of
+`attn_implementation` (`FusedKernelChoice`), one compiled kernel per device type, and which devices run its backward."""
 
 import functools
 from collections.abc import Callable
@@ -25,6 +25,42 @@ def flex_attention_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def flex_attention_refusal(model: str, attention: str) -> str:
+    """The error for attn_implementation='flex_attention' in a model whose attention holds its own position scores."""
+    return (
+        f"attn_implementation='flex_attention' names transformers' FlexAttention kernel, which cannot run {model}'s "
+        f"{attention}; use attn_implementation='posformers_fused', {model}'s own FlexAttention kernel"
+    )
+
+
+class FusedKernelChoice:
+    """`attn_implementation` for a model whose attention holds its own position scores (DeBERTa, LittleBird):
+    transformers' choice, plus "posformers_fused", the model's own FlexAttention kernel (opt-in). "flex_attention"
+    names transformers' FlexAttention kernel, which cannot take the model's position scores: it is refused with
+    `flex_attention_refusal`. Inherit it before the model's `PreTrainedModel` base."""
+
+    flex_attention_refusal: str
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        # transformers guesses from the module's source (a call of its AttentionInterface) whether attention reads
+        # `config._attn_implementation` on every pass, and otherwise makes `set_attn_implementation` a warning that
+        # changes nothing. These models' attention modules read it on every pass, so switching kernels is allowed.
+        return True
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        if requested_attention == "flex_attention":
+            raise ValueError(self.flex_attention_refusal)
+        if requested_attention == "posformers_fused":
+            if not flex_attention_available():
+                raise ValueError(
+                    f"attn_implementation='posformers_fused' needs torch.nn.attention.flex_attention (torch >= 2.5); "
+                    f"this torch is {torch.__version__}"
+                )
+            return requested_attention
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
 
 @functools.cache

@@ -1,5 +1,9 @@
 """What the task heads of the three models share: classification over real tokens of packed or padded batches,
-extractive span selection (including Splinter's question-aware span selection, QASS) and the multiple-choice reshapes.
+extractive span selection (including Splinter's question-aware span selection, QASS), the multiple-choice reshapes,
+and the generic head classes (`GenericForTokenClassification`, ...) that each model's head classes subclass.
+
+A head learns how its base model's pass was packed from its own inputs (`input_packing`, `run_base_model`): the base
+models return transformers' output types and nothing beside them.
 """
 
 from collections.abc import Callable
@@ -8,6 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
+from transformers.modeling_outputs import (
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 from transformers.utils import is_torchdynamo_compiling
 
 from .packing import PackedBatch, flattened_restarts, pack_padded, plan_packing, zero_padding
@@ -36,10 +47,13 @@ def flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor 
 
 
 def input_packing(config, input_ids, inputs_embeds, attention_mask, position_ids, kwargs: dict) -> PackedBatch | None:
-    """The packing `plan_packing` gives a head's inputs, planned by the head itself rather than read off the base
-    model's output (call it after the base model, which has checked the inputs). Where the base model's own pass
+    """The packing `plan_packing` gives a head's inputs (call it after the base model, which has checked them and
+    returns transformers' output types only). Where the base model's own pass
     ruled packing out (output_attentions), a padded batch may be packed here: the heads' outputs on it are the same
-    either way (per-token outputs hold zeros at padding on both paths); packed, token heads skip padded positions."""
+    either way (per-token outputs hold zeros at padding on both paths); packed, token heads skip padded positions.
+    A decoder (`config.is_decoder`) runs padded and reads left-padded rows' restarting position_ids as given."""
+    if getattr(config, "is_decoder", False):
+        return None
     reference = input_ids if input_ids is not None else inputs_embeds
     cu_seq_lens = kwargs.get("cu_seq_lens_q", kwargs.get("cu_seq_lens_k"))
     shape = tuple(reference.shape[:2])
@@ -314,15 +328,312 @@ class QuestionAwareSpanSelectionHead(nn.Module):
         return start_queries @ start_tokens.transpose(1, 2), end_queries @ end_tokens.transpose(1, 2)
 
 
+class OnlyMLMHead(nn.Module):
+    """BERT's `cls` module of a masked-LM model: its `predictions` head (transform, decoder tied to the word
+    embeddings, bias), under the names BERT-format checkpoints use."""
+
+    def __init__(self, predictions: nn.Module):
+        super().__init__()
+        self.predictions = predictions
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return self.predictions(sequence_output)
+
+
 class MaskedLMDecoderEmbeddings:
-    """`get_output_embeddings` / `set_output_embeddings` for a masked-LM model laid out as BERT's, the decoder at
-    `self.cls.predictions.decoder` and its bias at `self.cls.predictions.bias`, where transformers' defaults (which
-    look for `lm_head`) find nothing. Inherit it before the model's `PreTrainedModel` base."""
+    """`get_output_embeddings` / `set_output_embeddings` for a masked-LM model whose prediction head (by default
+    BERT's `self.cls.predictions`, else what `prediction_head` returns) holds the decoder as `decoder` and its bias as
+    `bias`, where transformers' defaults (which look for `lm_head`) find nothing. Inherit it before the model's
+    `PreTrainedModel` base."""
+
+    def prediction_head(self) -> nn.Module:
+        return self.cls.predictions
 
     def get_output_embeddings(self):
-        return self.cls.predictions.decoder
+        return self.prediction_head().decoder
 
     def set_output_embeddings(self, new_embeddings):
-        self.cls.predictions.decoder = new_embeddings
+        head = self.prediction_head()
+        head.decoder = new_embeddings
         if new_embeddings.bias is not None:
-            self.cls.predictions.bias = new_embeddings.bias
+            head.bias = new_embeddings.bias
+
+
+def head_output(output_class, base_outputs, config, return_dict, **fields):
+    """A head's `output_class` holding `fields` and its base model's hidden_states and attentions, or its tuple when
+    `return_dict` (else `config.return_dict`) is off."""
+    fields = {"hidden_states": base_outputs.hidden_states, "attentions": base_outputs.attentions, **fields}
+    return maybe_tuple(output_class(**fields), return_dict, config)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Generic heads. Each model's head class is a thin subclass, `class RoFormerForTokenClassification(
+# GenericForTokenClassification, RoFormerPreTrainedModel)`, whose `base_model_class` (the model's base model class) is
+# built under its `base_model_prefix`: module names, and so state-dict keys, are those of a head written out in full.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class GenericForTokenClassification:
+    """Token classification: dropout and a linear classifier on every real token (BERT's head)."""
+
+    base_model_class: type
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        logits = run_on_real_tokens(
+            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, packing, attention_mask
+        )
+        loss = self.loss_function(logits, labels, self.config, **kwargs) if labels is not None else None
+        return head_output(TokenClassifierOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
+
+
+class GenericForQuestionAnswering:
+    """Extractive QA: start and end logits per token. Where an attention_mask is given, the logits at padded
+    positions are `torch.finfo(dtype).min` (in every `unpad_inputs` mode), so padding never wins and the loss does
+    not depend on it. A flattened batch gets (num_sequences, longest sequence) logits, one row per sequence, and
+    takes start/end_positions per sequence. With `config.qa_head="span_selection"` the logits come from the
+    span-selection head of the model's `...ForQuestionSpanSelection` (same name `qass`, same weights), asked by each
+    example's one `config.question_token_id` token."""
+
+    base_model_class: type
+
+    def __init__(self, config):
+        super().__init__(config)
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
+        if config.qa_head == "span_selection":
+            self.qass = QuestionAwareSpanSelectionHead(config)
+        else:
+            self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        hidden_states = outputs.last_hidden_state
+        if self.config.qa_head == "span_selection":
+            logits = single_question_logits(self.qass, self.config, input_ids, hidden_states, attention_mask, packing)
+        else:
+            logits = span_logits(self.qa_outputs, hidden_states, attention_mask, packing)
+        start_logits, end_logits = logits
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        return head_output(
+            QuestionAnsweringModelOutput,
+            outputs,
+            self.config,
+            return_dict,
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+        )
+
+
+class GenericForQuestionSpanSelection:
+    """Question-aware span selection (Splinter's QASS head), the model of recurring span selection pre-training: each
+    [QUESTION] token of a passage points at the start and end of its answer span.
+
+    question_positions (B, Q) long: the index of each question token, -1 where an example has fewer than Q. Without
+    it, every token `config.question_token_id` is a question (left-aligned, -1 padded). start_positions /
+    end_positions (B, Q): the answer's first and last token, ignored where the question is -1. Returns start and end
+    logits (B, Q, L), `torch.finfo(dtype).min` at padding and on the rows of absent questions, and the loss: the
+    mean over asked questions of (CE(start) + CE(end)) / 2. A flattened batch takes and gets the same per sequence
+    (num_sequences, Q), positions counted within each sequence. The model's `...ForQuestionAnswering` with
+    `config.qa_head="span_selection"` holds the same head under the same name and fine-tunes from this model's weights.
+    """
+
+    base_model_class: type
+
+    def __init__(self, config):
+        super().__init__(config)
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
+        self.qass = QuestionAwareSpanSelectionHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        question_positions=None,
+        start_positions=None,
+        end_positions=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        if question_positions is None and (self.config.question_token_id is None or input_ids is None):
+            raise ValueError(
+                f"{type(self).__name__} needs question_positions, or input_ids and config.question_token_id (the "
+                "[QUESTION] token) to find them"
+            )
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        hidden_states = outputs.last_hidden_state
+        if question_positions is None:
+            question_positions = find_questions(input_ids, self.config.question_token_id, packing)
+        real = real_token_mask(attention_mask, packing)
+        width = packing.width if packing is not None else hidden_states.shape[1]
+        rows = packing.rows if packing is not None and packing.flattened else hidden_states.shape[0]
+        check_span_selection(question_positions, start_positions, end_positions, real, (rows, width))
+        start_logits, end_logits = question_span_logits(
+            self.qass, hidden_states, question_positions, attention_mask, packing
+        )
+        loss = None
+        if start_positions is not None:
+            loss = span_selection_loss(start_logits, end_logits, start_positions, end_positions, question_positions)
+        return head_output(
+            QuestionAnsweringModelOutput,
+            outputs,
+            self.config,
+            return_dict,
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+        )
+
+
+class FirstTokenClassifier:
+    """What the sequence-level heads classify: `classify` maps first-token states (sequences, hidden) to scores, by
+    default with `self.classifier`; a model whose head reads more (a pooler, a dropout) overrides it."""
+
+    def classify(self, first_token_states: torch.Tensor) -> torch.Tensor:
+        return self.classifier(first_token_states)
+
+
+class GenericForSequenceClassification(FirstTokenClassifier):
+    """Sequence classification on each sequence's first token. The model's class builds its base model and the
+    modules `classify` reads; the loss is transformers' (`self.loss_function`) unless the class overrides
+    `classification_loss`."""
+
+    def classification_loss(self, logits, labels, **kwargs) -> torch.Tensor:
+        return self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        logits = self.classify(first_token_states(outputs.last_hidden_state, packing))
+        loss = self.classification_loss(logits, labels, **kwargs) if labels is not None else None
+        return head_output(SequenceClassifierOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
+
+
+class GenericForMultipleChoice(FirstTokenClassifier):
+    """Multiple choice: the choices of (batch, num_choices, seq_len) inputs run as one batch of sequences, each scored
+    by `score_choices`; a flattened batch has no choices to compare and is refused. The model's class builds its base
+    model and the modules `score_choices` reads."""
+
+    def score_choices(self, hidden_states: torch.Tensor, attention_mask) -> torch.Tensor:
+        """(batch * num_choices, L, hidden) final states -> (batch * num_choices, 1): `classify` on the first token."""
+        return self.classify(hidden_states[:, 0])
+
+    def choice_inputs(self) -> dict:
+        """Extra keyword arguments of the base model's pass over the choices."""
+        return {}
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput | tuple:
+        # (1, N) or (1, 1, N) inputs with restarting position_ids: a flattened batch, which has no choices to compare
+        attention_mask, position_ids = flatten_choices(attention_mask), flatten_choices(position_ids)
+        refuse_flattened(self, position_ids, attention_mask, kwargs)
+        num_choices = count_choices(self, input_ids, inputs_embeds)
+        outputs = self.base_model(
+            flatten_choices(input_ids),
+            attention_mask=attention_mask,
+            token_type_ids=flatten_choices(token_type_ids),
+            position_ids=position_ids,
+            inputs_embeds=flatten_choices(inputs_embeds, dims=3),
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **self.choice_inputs(),
+            **kwargs,
+        )
+        logits = self.score_choices(outputs.last_hidden_state, attention_mask).view(-1, num_choices)
+        # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
+        loss = F.cross_entropy(logits, labels.to(logits.device)) if labels is not None else None
+        return head_output(MultipleChoiceModelOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
+
+
+class GenericForMaskedLM(MaskedLMDecoderEmbeddings):
+    """Masked language modelling with BERT's head at `self.cls` (`OnlyMLMHead`), run on the real tokens only."""
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, packing, attention_mask)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return head_output(MaskedLMOutput, outputs, self.config, return_dict, loss=loss, logits=logits)

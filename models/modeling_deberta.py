@@ -18,10 +18,11 @@ Padding-free (`config.unpad_inputs`, flattened batches): the real tokens run as 
 embeddings, projections, FFN and norms; attention runs per length group of sequences (`grouped_attention`), each group
 with the relative positions of its own width (memoised on the `PackedBatch` for the pass), the position projections
 computed once per layer for the longest sequence and sliced per group; the v2 convolution runs per sequence. The heads
-read the packing from `outputs.packing`. Per-token outputs hold zeros at padded positions on either path.
+plan the same packing from their inputs (`heads.run_base_model`). Per-token outputs hold zeros at padded positions on
+either path.
 
 This file imports only torch, transformers and its sibling modules (configuration, packing, inputs, heads, attention,
-loading): `save_pretrained` copies them to the Hub for `trust_remote_code` users.
+layers, loading): `save_pretrained` copies them to the Hub for `trust_remote_code` users.
 """
 
 import math
@@ -35,37 +36,25 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import (
-    BaseModelOutput,
-    MaskedLMOutput,
-    MultipleChoiceModelOutput,
-    QuestionAnsweringModelOutput,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
-)
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
 from transformers.utils import ModelOutput, is_torchdynamo_compiling, logging
 
-from .attention import FLEX_BACKWARD_DEVICES, flex_attention_available, flex_attention_kernel
+from .attention import FLEX_BACKWARD_DEVICES, FusedKernelChoice, flex_attention_kernel, flex_attention_refusal
 from .configuration_deberta import DebertaConfig, parse_norm_rel_ebd
 from .heads import (
-    QuestionAwareSpanSelectionHead,
-    check_span_selection,
-    count_choices,
-    find_questions,
-    first_token_states,
-    flatten_choices,
-    maybe_tuple,
-    question_span_logits,
-    real_token_mask,
-    refuse_flattened,
-    run_on_real_tokens,
-    single_question_logits,
-    span_logits,
-    span_selection_loss,
+    GenericForMultipleChoice,
+    GenericForQuestionAnswering,
+    GenericForQuestionSpanSelection,
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    MaskedLMDecoderEmbeddings,
+    head_output,
+    run_base_model,
 )
 from .inputs import check_inputs
+from .layers import Intermediate, ResidualOutput
 from .loading import CheckedLoadingMixin
-from .packing import AttentionGroup, PackedBatch, grouped_attention, plan_packing, zero_padding
+from .packing import AttentionGroup, PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
 
 logger = logging.get_logger(__name__)
 
@@ -729,22 +718,11 @@ class DisentangledSelfAttention(nn.Module):
         return "sdpa"
 
 
-class DebertaSelfOutput(nn.Module):
-    def __init__(self, config: DebertaConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
-
-
 class DebertaAttention(nn.Module):
     def __init__(self, config: DebertaConfig):
         super().__init__()
         self.self = DisentangledSelfAttention(config)
-        self.output = DebertaSelfOutput(config)
+        self.output = ResidualOutput(config, config.hidden_size)
 
     def forward(self, hidden_states, rel_embeddings, query_states=None, **kwargs):
         context, weights = self.self(hidden_states, rel_embeddings, query_states, **kwargs)
@@ -757,27 +735,6 @@ class DebertaAttention(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class DebertaIntermediate(nn.Module):
-    def __init__(self, config: DebertaConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.intermediate_act_fn = ACT2FN[config.hidden_act]
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.intermediate_act_fn(self.dense(hidden_states))
-
-
-class DebertaOutput(nn.Module):
-    def __init__(self, config: DebertaConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
-
-
 class DebertaLayer(GradientCheckpointingLayer):
     """One transformer layer. Tensors that carry gradients are positional (`hidden_states`, `rel_embeddings`,
     `query_states`), as reentrant gradient checkpointing needs; positions and mask are keyword arguments."""
@@ -785,8 +742,8 @@ class DebertaLayer(GradientCheckpointingLayer):
     def __init__(self, config: DebertaConfig):
         super().__init__()
         self.attention = DebertaAttention(config)
-        self.intermediate = DebertaIntermediate(config)
-        self.output = DebertaOutput(config)
+        self.intermediate = Intermediate(config)
+        self.output = ResidualOutput(config, config.intermediate_size)
 
     def forward(
         self,
@@ -940,10 +897,15 @@ class DebertaEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class DebertaPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
+class DebertaPreTrainedModel(FusedKernelChoice, CheckedLoadingMixin, PreTrainedModel):
+    """Kernels: transformers' choice ("sdpa" by default, on every device), plus "posformers_fused" (the fused kernel,
+    `fused_attention`, opt-in: it has not been measured on a GPU)."""
+
     config_class = DebertaConfig
     config: DebertaConfig
     base_model_prefix = "deberta"
+    _input_embed_layer = "word_embeddings"  # transformers' get/set_input_embeddings find embeddings.word_embeddings
+    flex_attention_refusal = flex_attention_refusal("DeBERTa", "disentangled attention")
     # Flattened batches (DataCollatorWithFlattening: position_ids restarting per sequence) run per sequence; only
     # multiple choice refuses them.
     accepts_flattened_batches = True
@@ -959,31 +921,6 @@ class DebertaPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
         r"^mask_predictions\.",
         r"(^|\.)encoder\.LayerNorm\.",
     ]
-
-    @classmethod
-    def _can_set_attn_implementation(cls) -> bool:
-        # transformers guesses from the module's source (a call of its AttentionInterface) whether attention reads
-        # `config._attn_implementation` on every pass, and otherwise makes `set_attn_implementation` a warning that
-        # changes nothing. DisentangledSelfAttention.forward does read it, so switching kernels is allowed.
-        return True
-
-    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """transformers' choice ("sdpa" by default, on every device), plus "posformers_fused" (the fused kernel,
-        `fused_attention`, opt-in: it has not been measured on a GPU). "flex_attention" (transformers' FlexAttention
-        kernel) cannot add the disentangled scores and is refused."""
-        if requested_attention == "flex_attention":
-            raise ValueError(
-                "attn_implementation='flex_attention' (transformers' FlexAttention kernel) cannot run DeBERTa's "
-                "disentangled attention; use attn_implementation='posformers_fused', DeBERTa's FlexAttention kernel"
-            )
-        if requested_attention == "posformers_fused":
-            if not flex_attention_available():
-                raise ValueError(
-                    f"attn_implementation='posformers_fused' needs torch.nn.attention.flex_attention (torch >= 2.5); "
-                    f"this torch is {torch.__version__}"
-                )
-            return requested_attention
-        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -1033,14 +970,6 @@ class DebertaModel(DebertaPreTrainedModel):
         self.embeddings = DebertaEmbeddings(config, with_positions=with_positions)
         self.encoder = DebertaEncoder(config)
         self.post_init()
-
-    # Copied from posformers.modeling_roformer.RoFormerModel.get_input_embeddings
-    def get_input_embeddings(self):
-        return self.embeddings.word_embeddings
-
-    # Copied from posformers.modeling_roformer.RoFormerModel.set_input_embeddings
-    def set_input_embeddings(self, value):
-        self.embeddings.word_embeddings = value
 
     def forward(
         self,
@@ -1099,7 +1028,6 @@ class DebertaModel(DebertaPreTrainedModel):
         output.last_hidden_state = zero_padding(output.last_hidden_state, attention_mask)
         if output.hidden_states is not None:
             output.hidden_states = tuple(zero_padding(h, attention_mask) for h in output.hidden_states)
-        output.packing = None  # the padded path (see _packed_forward)
         return output if return_dict else output.to_tuple()
 
     def plan_packing(
@@ -1107,14 +1035,7 @@ class DebertaModel(DebertaPreTrainedModel):
     ) -> PackedBatch | None:
         """`plan_packing` for this pass, with what rules packing out here; pops the flattened-batch keywords
         (`cu_seq_lens_q/k`, `max_length_q/k`, as `DataCollatorWithFlattening` emits them) from `kwargs`."""
-        cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
-        cu_seq_lens_k = kwargs.pop("cu_seq_lens_k", None)
-        kwargs.pop("max_length_q", None)
-        kwargs.pop("max_length_k", None)
-        if cu_seq_lens is None:
-            cu_seq_lens = cu_seq_lens_k
-        elif cu_seq_lens_k is not None and not torch.equal(cu_seq_lens.to(cu_seq_lens_k), cu_seq_lens_k):
-            raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ: self-attention needs the same sequences")
+        cu_seq_lens = pop_cu_seq_lens(kwargs)
         blocker = None
         if output_attentions:
             blocker = "output_attentions=True (attention weights exist only as a padded (B, H, L, L) tensor)"
@@ -1146,14 +1067,10 @@ class DebertaModel(DebertaPreTrainedModel):
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, None, inputs_embeds)
         output = self.encoder(hidden_states, None, None, packing, output_hidden_states=output_hidden_states, **kwargs)
         hidden = output.hidden_states
-        output = BaseModelOutput(
+        return BaseModelOutput(
             last_hidden_state=packing.restore(output.last_hidden_state),
             hidden_states=tuple(packing.restore(h) for h in hidden) if hidden is not None else None,
         )
-        # The PackedBatch this pass ran on, for the heads (their projections on real tokens only); an attribute, not a
-        # field, so that keys and tuples are unchanged.
-        output.packing = packing
-        return output
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1252,7 +1169,7 @@ LEGACY_MLM_KEY_MAPPING = {
 }
 
 
-class DebertaForMaskedLM(DebertaPreTrainedModel):
+class DebertaForMaskedLM(MaskedLMDecoderEmbeddings, DebertaPreTrainedModel):
     _tied_weights_keys = {
         "lm_predictions.lm_head.decoder.weight": "deberta.embeddings.word_embeddings.weight",
         "lm_predictions.lm_head.decoder.bias": "lm_predictions.lm_head.bias",
@@ -1270,15 +1187,8 @@ class DebertaForMaskedLM(DebertaPreTrainedModel):
         self.lm_predictions = DebertaEnhancedMaskDecoder(config)
         self.post_init()
 
-    # Copied from posformers.modeling_roformer.RoFormerForMaskedLM.get_output_embeddings with cls.predictions->lm_predictions.lm_head  # noqa: E501
-    def get_output_embeddings(self):
-        return self.lm_predictions.lm_head.decoder
-
-    # Copied from posformers.modeling_roformer.RoFormerForMaskedLM.set_output_embeddings with cls.predictions->lm_predictions.lm_head  # noqa: E501
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_predictions.lm_head.decoder = new_embeddings
-        if new_embeddings.bias is not None:
-            self.lm_predictions.lm_head.bias = new_embeddings.bias
+    def prediction_head(self) -> nn.Module:
+        return self.lm_predictions.lm_head
 
     def forward(
         self,
@@ -1296,17 +1206,9 @@ class DebertaForMaskedLM(DebertaPreTrainedModel):
         decoder = self.lm_predictions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        outputs = self.deberta(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=True if decoder.steps else output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        all_states = True if decoder.steps else output_hidden_states
+        outputs, packing = run_base_model(self, *inputs, output_attentions, all_states, kwargs)
         emd_inputs = {}
         if decoder.steps:
             emd_inputs = dict(
@@ -1314,19 +1216,14 @@ class DebertaForMaskedLM(DebertaPreTrainedModel):
                 layer_input=outputs.hidden_states[-2],
                 position_ids=position_ids,
             )
-        logits = decoder(
-            outputs.last_hidden_state, attention_mask=attention_mask, packing=outputs.packing, **emd_inputs
-        )
+        logits = decoder(outputs.last_hidden_state, attention_mask=attention_mask, packing=packing, **emd_inputs)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        result = MaskedLMOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states if output_hidden_states else None,
-            attentions=outputs.attentions,
+        hidden_states = outputs.hidden_states if output_hidden_states else None
+        return head_output(
+            MaskedLMOutput, outputs, self.config, return_dict, loss=loss, logits=logits, hidden_states=hidden_states
         )
-        return maybe_tuple(result, return_dict, self.config)
 
 
 @dataclass
@@ -1388,18 +1285,9 @@ class DebertaForReplacedTokenDetection(DebertaPreTrainedModel):
         return_dict=None,
         **kwargs,
     ) -> DebertaForReplacedTokenDetectionOutput | tuple:
-        outputs = self.deberta(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = self.mask_predictions(outputs.last_hidden_state, outputs.packing, attention_mask)
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        logits = self.mask_predictions(outputs.last_hidden_state, packing, attention_mask)
         loss = None
         if labels is not None:
             labels = labels.to(logits.device)
@@ -1407,10 +1295,8 @@ class DebertaForReplacedTokenDetection(DebertaPreTrainedModel):
             if attention_mask is not None and attention_mask.dim() == 2:
                 active = active & attention_mask.to(device=logits.device, dtype=torch.bool)
             loss = BCEWithLogitsLoss()(logits[active].float(), labels[active].float())
-        result = DebertaForReplacedTokenDetectionOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
+        output_class = DebertaForReplacedTokenDetectionOutput
+        return head_output(output_class, outputs, self.config, return_dict, loss=loss, logits=logits)
 
 
 class DebertaContextPooler(nn.Module):
@@ -1449,288 +1335,54 @@ def _sequence_classification_loss(config, logits, labels, num_labels):
     return BCEWithLogitsLoss()(logits, labels)
 
 
-class DebertaForSequenceClassification(DebertaPreTrainedModel):
-    def __init__(self, config: DebertaConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
+class DebertaPooledClassifier:
+    """The official head of the sequence-level tasks (classification, multiple choice): the context pooler on the
+    first token, dropout (`cls_dropout`), a linear classifier."""
+
+    def add_classifier(self, config: DebertaConfig, num_outputs: int) -> None:
+        """Builds the base model and the head, then runs `post_init`."""
         self.deberta = DebertaModel(config)
         self.pooler = DebertaContextPooler(config)
-        self.classifier = nn.Linear(config.pooler_hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.pooler_hidden_size, num_outputs)
         dropout = config.cls_dropout if config.cls_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(dropout)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> SequenceClassifierOutput | tuple:
-        outputs = self.deberta(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = self.classifier(
-            self.dropout(self.pooler(first_token_states(outputs.last_hidden_state, outputs.packing)))
-        )
-        loss = None
-        if labels is not None:
-            # not self.loss_function: DeBERTa's own loss ignores negative labels and takes soft labels
-            loss = _sequence_classification_loss(self.config, logits, labels, self.num_labels)
-        result = SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
+    def classify(self, first_token_states: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(self.pooler(first_token_states)))
 
 
-# Copied from posformers.modeling_roformer.RoFormerForTokenClassification with RoFormer->Deberta all-casing
-class DebertaForTokenClassification(DebertaPreTrainedModel):
+class DebertaForSequenceClassification(
+    DebertaPooledClassifier, GenericForSequenceClassification, DebertaPreTrainedModel
+):
     def __init__(self, config: DebertaConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.deberta = DebertaModel(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
+        self.add_classifier(config, config.num_labels)
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> TokenClassifierOutput | tuple:
-        outputs = self.deberta(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = run_on_real_tokens(
-            lambda states: self.classifier(self.dropout(states)),
-            outputs.last_hidden_state,
-            outputs.packing,
-            attention_mask,
-        )
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, self.config, **kwargs)
-        result = TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
+    def classification_loss(self, logits, labels, **kwargs) -> torch.Tensor:
+        # not self.loss_function: DeBERTa's own loss ignores negative labels and takes soft labels
+        return _sequence_classification_loss(self.config, logits, labels, self.num_labels)
 
 
-# Copied from posformers.modeling_roformer.RoFormerForQuestionAnswering with RoFormer->Deberta all-casing
-class DebertaForQuestionAnswering(DebertaPreTrainedModel):
-    """Extractive QA: start and end logits per token. Where an attention_mask is given, the logits at padded
-    positions are `torch.finfo(dtype).min` (in every `unpad_inputs` mode), so padding never wins and the loss does
-    not depend on it. A flattened batch gets (num_sequences, longest sequence) logits, one row per sequence, and
-    takes start/end_positions per sequence. With `config.qa_head="span_selection"` the logits come from the
-    span-selection head of `DebertaForQuestionSpanSelection` (same name, same weights), asked by each example's one
-    `config.question_token_id` token."""
-
-    def __init__(self, config: DebertaConfig):
-        super().__init__(config)
-        self.deberta = DebertaModel(config)
-        if config.qa_head == "span_selection":
-            self.qass = QuestionAwareSpanSelectionHead(config)
-        else:
-            self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        start_positions=None,
-        end_positions=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> QuestionAnsweringModelOutput | tuple:
-        outputs = self.deberta(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        if self.config.qa_head == "span_selection":
-            start_logits, end_logits = single_question_logits(
-                self.qass, self.config, input_ids, outputs.last_hidden_state, attention_mask, outputs.packing
-            )
-        else:
-            start_logits, end_logits = span_logits(
-                self.qa_outputs, outputs.last_hidden_state, attention_mask, outputs.packing
-            )
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
-        result = QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return maybe_tuple(result, return_dict, self.config)
+class DebertaForTokenClassification(GenericForTokenClassification, DebertaPreTrainedModel):
+    base_model_class = DebertaModel
 
 
-# Copied from posformers.modeling_roformer.RoFormerForQuestionSpanSelection with RoFormer->Deberta all-casing
-class DebertaForQuestionSpanSelection(DebertaPreTrainedModel):
-    """Question-aware span selection (Splinter's QASS head), the model of recurring span selection pre-training: each
-    [QUESTION] token of a passage points at the start and end of its answer span.
-
-    question_positions (B, Q) long: the index of each question token, -1 where an example has fewer than Q. Without
-    it, every token `config.question_token_id` is a question (left-aligned, -1 padded). start_positions /
-    end_positions (B, Q): the answer's first and last token, ignored where the question is -1. Returns start and end
-    logits (B, Q, L), `torch.finfo(dtype).min` at padding and on the rows of absent questions, and the loss: the
-    mean over asked questions of (CE(start) + CE(end)) / 2. A flattened batch takes and gets the same per sequence
-    (num_sequences, Q), positions counted within each sequence. `DebertaForQuestionAnswering` with
-    `config.qa_head="span_selection"` holds the same head under the same name and fine-tunes from this model's weights.
-    """
-
-    def __init__(self, config: DebertaConfig):
-        super().__init__(config)
-        self.deberta = DebertaModel(config)
-        self.qass = QuestionAwareSpanSelectionHead(config)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        question_positions=None,
-        start_positions=None,
-        end_positions=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> QuestionAnsweringModelOutput | tuple:
-        if question_positions is None and (self.config.question_token_id is None or input_ids is None):
-            raise ValueError(
-                f"{type(self).__name__} needs question_positions, or input_ids and config.question_token_id (the "
-                "[QUESTION] token) to find them"
-            )
-        outputs = self.deberta(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        packing, hidden_states = outputs.packing, outputs.last_hidden_state
-        if question_positions is None:
-            question_positions = find_questions(input_ids, self.config.question_token_id, packing)
-        real = real_token_mask(attention_mask, packing)
-        width = packing.width if packing is not None else hidden_states.shape[1]
-        rows = packing.rows if packing is not None and packing.flattened else hidden_states.shape[0]
-        check_span_selection(question_positions, start_positions, end_positions, real, (rows, width))
-        start_logits, end_logits = question_span_logits(
-            self.qass, hidden_states, question_positions, attention_mask, packing
-        )
-        loss = None
-        if start_positions is not None:
-            loss = span_selection_loss(start_logits, end_logits, start_positions, end_positions, question_positions)
-        result = QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return maybe_tuple(result, return_dict, self.config)
+class DebertaForQuestionAnswering(GenericForQuestionAnswering, DebertaPreTrainedModel):
+    base_model_class = DebertaModel
 
 
-class DebertaForMultipleChoice(DebertaPreTrainedModel):
+class DebertaForQuestionSpanSelection(GenericForQuestionSpanSelection, DebertaPreTrainedModel):
+    base_model_class = DebertaModel
+
+
+class DebertaForMultipleChoice(DebertaPooledClassifier, GenericForMultipleChoice, DebertaPreTrainedModel):
     """Multiple choice with the context pooler on each choice's first token, as transformers' DeBERTa-v2 does."""
 
     def __init__(self, config: DebertaConfig):
         super().__init__(config)
-        self.deberta = DebertaModel(config)
-        self.pooler = DebertaContextPooler(config)
-        self.classifier = nn.Linear(config.pooler_hidden_size, 1)
-        dropout = config.cls_dropout if config.cls_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MultipleChoiceModelOutput | tuple:
-        # (1, N) or (1, 1, N) inputs with restarting position_ids: a flattened batch, which has no choices to compare
-        refuse_flattened(self, flatten_choices(position_ids), flatten_choices(attention_mask), kwargs)
-        num_choices = count_choices(self, input_ids, inputs_embeds)
-        outputs = self.deberta(
-            flatten_choices(input_ids),
-            attention_mask=flatten_choices(attention_mask),
-            token_type_ids=flatten_choices(token_type_ids),
-            position_ids=flatten_choices(position_ids),
-            inputs_embeds=flatten_choices(inputs_embeds, dims=3),
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        pooled = self.dropout(self.pooler(outputs.last_hidden_state[:, 0]))
-        logits = self.classifier(pooled).view(-1, num_choices)
-        # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
-        loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
-        result = MultipleChoiceModelOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
+        self.add_classifier(config, 1)
 
 
 __all__ = [

@@ -25,8 +25,8 @@ Per-token outputs hold zeros at padded positions on both paths.
 
 Reads top to bottom in the order data flows: block-sparse math (small pure functions), the kernels, embeddings,
 attention, layer, encoder, pre-trained base, base model, heads. This file imports only torch, transformers and its
-sibling modules (configuration_littlebird, packing, inputs, heads, attention, loading): `save_pretrained` copies them
-to the Hub for `trust_remote_code` users.
+sibling modules (configuration_littlebird, packing, inputs, heads, attention, layers, loading): `save_pretrained`
+copies them to the Hub for `trust_remote_code` users.
 """
 
 import math
@@ -35,43 +35,26 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn import CrossEntropyLoss
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import (
-    BaseModelOutput,
-    MaskedLMOutput,
-    MultipleChoiceModelOutput,
-    QuestionAnsweringModelOutput,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
-)
+from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import is_torchdynamo_compiling, logging
 
-from .attention import FLEX_BACKWARD_DEVICES, flex_attention_available, flex_attention_kernel
+from .attention import FLEX_BACKWARD_DEVICES, FusedKernelChoice, flex_attention_kernel, flex_attention_refusal
 from .configuration_littlebird import LittleBirdConfig
 from .heads import (
-    MaskedLMDecoderEmbeddings,
-    QuestionAwareSpanSelectionHead,
+    GenericForMaskedLM,
+    GenericForMultipleChoice,
+    GenericForQuestionAnswering,
+    GenericForQuestionSpanSelection,
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    OnlyMLMHead,
     SpanSelectionTransform,
-    check_span_selection,
-    count_choices,
-    find_questions,
-    first_token_states,
-    flatten_choices,
-    maybe_tuple,
-    question_span_logits,
-    real_token_mask,
-    refuse_flattened,
-    run_base_model,
-    run_on_real_tokens,
-    single_question_logits,
-    span_logits,
-    span_selection_loss,
 )
 from .inputs import check_inputs, check_padding_mask, check_per_token
+from .layers import Intermediate, ResidualOutput
 from .loading import CheckedLoadingMixin
 from .packing import PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
 
@@ -544,11 +527,7 @@ def unpack_sliding_window_attention(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-FLEX_ATTENTION_REFUSAL = (
-    "attn_implementation='flex_attention' names transformers' FlexAttention kernel, which cannot run LittleBird's "
-    "unpack + sliding-window attention; use attn_implementation='posformers_fused', LittleBird's own FlexAttention "
-    "kernel"
-)
+FLEX_ATTENTION_REFUSAL = flex_attention_refusal("LittleBird", "unpack + sliding-window attention")
 
 
 # The smallest tile of the block mask: every default configuration of FlexAttention's CUDA kernels divides 128, and some
@@ -793,7 +772,22 @@ class LittleBirdEmbeddings(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class LittleBirdPackAttention(nn.Module):
+class LittleBirdProjections(nn.Module):
+    """The query, key and value projections of both attentions, named like BERT's self-attention's so that they map
+    one to one, and the head layout they share."""
+
+    def __init__(self, config: LittleBirdConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_probs_dropout_prob
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+
+
+class LittleBirdPackAttention(LittleBirdProjections):
     """PackAttn: multi-head attention of the pack states over the tokens, with its own Q/K/V/O [choice], no position
     bias, padded keys masked (the pack states never are). Returns Cp (before the residual, as USWAttn reads it) and
     P' = LayerNorm(Cp + P).
@@ -803,14 +797,7 @@ class LittleBirdPackAttention(nn.Module):
     """
 
     def __init__(self, config: LittleBirdConfig, updates_pack: bool = True):
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.head_dim
-        self.scaling = self.head_dim**-0.5
-        self.attention_dropout = config.attention_probs_dropout_prob
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        super().__init__(config)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if updates_pack else None
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -853,7 +840,7 @@ class LittleBirdPackAttention(nn.Module):
         return self.LayerNorm(self.dropout(pack_context) + pack_states)
 
 
-class LittleBirdSelfAttention(nn.Module):
+class LittleBirdSelfAttention(LittleBirdProjections):
     """USWAttn's projections and BiALiBi slopes; named like BERT's self-attention so that its Q/K/V map one to one.
 
     The same K and V projections serve the unpacked keys Cp and the tokens X [paper: K(Cp), K(X)]. alpha, beta and
@@ -861,15 +848,8 @@ class LittleBirdSelfAttention(nn.Module):
     """
 
     def __init__(self, config: LittleBirdConfig):
-        super().__init__()
+        super().__init__(config)
         self.config = config
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.head_dim
-        self.scaling = self.head_dim**-0.5
-        self.attention_dropout = config.attention_probs_dropout_prob
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.alpha = nn.Parameter(torch.empty(config.num_attention_heads))
         self.beta = nn.Parameter(torch.empty(config.num_attention_heads))
         self.gamma = nn.Parameter(torch.empty(config.num_attention_heads))
@@ -938,24 +918,12 @@ class LittleBirdSelfAttention(nn.Module):
         return False
 
 
-# The output projection exists so that a BERT/RoBERTa self-attention maps onto USWAttn one to one [choice].
-# Copied from posformers.modeling_deberta.DebertaSelfOutput with Deberta->LittleBird
-class LittleBirdSelfOutput(nn.Module):
-    def __init__(self, config: LittleBirdConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
-
-
 class LittleBirdAttention(nn.Module):
     def __init__(self, config: LittleBirdConfig):
         super().__init__()
         self.self = LittleBirdSelfAttention(config)
-        self.output = LittleBirdSelfOutput(config)
+        # the output projection exists so that a BERT/RoBERTa self-attention maps onto USWAttn one to one [choice]
+        self.output = ResidualOutput(config, config.hidden_size)
 
     def forward(self, hidden_states, pack_context, layout, output_attentions=False, **kwargs):
         context, weights = self.self(hidden_states, pack_context, layout, output_attentions, **kwargs)
@@ -965,29 +933,6 @@ class LittleBirdAttention(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # Layer and encoder
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-# Copied from posformers.modeling_deberta.DebertaIntermediate with Deberta->LittleBird
-class LittleBirdIntermediate(nn.Module):
-    def __init__(self, config: LittleBirdConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.intermediate_act_fn = ACT2FN[config.hidden_act]
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.intermediate_act_fn(self.dense(hidden_states))
-
-
-# Copied from posformers.modeling_deberta.DebertaOutput with Deberta->LittleBird
-class LittleBirdOutput(nn.Module):
-    def __init__(self, config: LittleBirdConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
 
 
 # Tokens per chunk of the feed-forward block: enough that its (tokens, intermediate_size) activation holds about this
@@ -1003,8 +948,8 @@ class LittleBirdLayer(GradientCheckpointingLayer):
         self.config = config
         self.pack_attention = LittleBirdPackAttention(config, updates_pack)
         self.attention = LittleBirdAttention(config)
-        self.intermediate = LittleBirdIntermediate(config)
-        self.output = LittleBirdOutput(config)
+        self.intermediate = Intermediate(config)
+        self.output = ResidualOutput(config, config.intermediate_size)
         self.feed_forward_chunk = max(1, FEED_FORWARD_CHUNK_ELEMENTS // config.intermediate_size)
 
     def forward(
@@ -1171,7 +1116,10 @@ class LittleBirdEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class LittleBirdPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
+class LittleBirdPreTrainedModel(FusedKernelChoice, CheckedLoadingMixin, PreTrainedModel):
+    """Kernels: "eager" (the block-sparse products, the default on every device), plus "posformers_fused"
+    (LittleBird's FlexAttention kernel, `fused_unpack_sliding_window_attention`)."""
+
     config_class = LittleBirdConfig
     config: LittleBirdConfig
     base_model_prefix = "littlebird"
@@ -1184,27 +1132,7 @@ class LittleBirdPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     # Checkpoints saved before the last layer lost its pack LayerNorm (its output fed nothing) hold that LayerNorm:
     # loading ignores it. Every other layer still has one, so only the last layer's can be unexpected.
     _keys_to_ignore_on_load_unexpected = [r"encoder\.layer\.\d+\.pack_attention\.LayerNorm\.(weight|bias)$"]
-
-    @classmethod
-    def _can_set_attn_implementation(cls) -> bool:
-        # transformers guesses from the module's source whether attention reads `config._attn_implementation` on every
-        # pass; LittleBirdSelfAttention.attend does, so switching kernels is allowed.
-        return True
-
-    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """transformers' choice ("eager": the block-sparse products, the default on every device), plus
-        "posformers_fused" (LittleBird's FlexAttention kernel, `fused_unpack_sliding_window_attention`).
-        "flex_attention" (transformers' FlexAttention kernel) cannot run USWAttn and is refused."""
-        if requested_attention == "flex_attention":
-            raise ValueError(FLEX_ATTENTION_REFUSAL)
-        if requested_attention == "posformers_fused":
-            if not flex_attention_available():
-                raise ValueError(
-                    f"attn_implementation='posformers_fused' needs torch.nn.attention.flex_attention (torch >= 2.5); "
-                    f"this torch is {torch.__version__}"
-                )
-            return requested_attention
-        return super().get_correct_attn_implementation(requested_attention, is_init_check)
+    flex_attention_refusal = FLEX_ATTENTION_REFUSAL
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -1354,17 +1282,7 @@ class LittleBirdLMPredictionHead(nn.Module):
         return self.decoder(self.transform(hidden_states))
 
 
-# Copied from posformers.modeling_roformer.RoFormerOnlyMLMHead with RoFormer->LittleBird
-class LittleBirdOnlyMLMHead(nn.Module):
-    def __init__(self, config: LittleBirdConfig):
-        super().__init__()
-        self.predictions = LittleBirdLMPredictionHead(config)
-
-    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
-        return self.predictions(sequence_output)
-
-
-class LittleBirdForMaskedLM(MaskedLMDecoderEmbeddings, LittleBirdPreTrainedModel):
+class LittleBirdForMaskedLM(GenericForMaskedLM, LittleBirdPreTrainedModel):
     _tied_weights_keys = {
         "cls.predictions.decoder.weight": "littlebird.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias",
@@ -1373,32 +1291,8 @@ class LittleBirdForMaskedLM(MaskedLMDecoderEmbeddings, LittleBirdPreTrainedModel
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
         self.littlebird = LittleBirdModel(config)
-        self.cls = LittleBirdOnlyMLMHead(config)
+        self.cls = OnlyMLMHead(LittleBirdLMPredictionHead(config))
         self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MaskedLMOutput | tuple:
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
-        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, packing, attention_mask)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        result = MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
 
 
 class LittleBirdClassificationHead(nn.Module):
@@ -1417,7 +1311,7 @@ class LittleBirdClassificationHead(nn.Module):
         return self.out_proj(x)
 
 
-class LittleBirdForSequenceClassification(LittleBirdPreTrainedModel):
+class LittleBirdForSequenceClassification(GenericForSequenceClassification, LittleBirdPreTrainedModel):
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
@@ -1425,222 +1319,29 @@ class LittleBirdForSequenceClassification(LittleBirdPreTrainedModel):
         self.classifier = LittleBirdClassificationHead(config, config.num_labels)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> SequenceClassifierOutput | tuple:
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
-        logits = self.classifier(first_token_states(outputs.last_hidden_state, packing))
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
-        result = SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
 
+class LittleBirdForMultipleChoice(GenericForMultipleChoice, LittleBirdPreTrainedModel):
+    """Multiple choice with `LittleBirdClassificationHead` on each choice's first token ([CLS])."""
 
-class LittleBirdForMultipleChoice(LittleBirdPreTrainedModel):
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
         self.littlebird = LittleBirdModel(config)
         self.classifier = LittleBirdClassificationHead(config, 1)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MultipleChoiceModelOutput | tuple:
-        num_choices = count_choices(self, input_ids, inputs_embeds)
-        input_ids, attention_mask = flatten_choices(input_ids), flatten_choices(attention_mask)
-        token_type_ids, position_ids = flatten_choices(token_type_ids), flatten_choices(position_ids)
-        inputs_embeds = flatten_choices(inputs_embeds, dims=3)
-        refuse_flattened(self, position_ids, attention_mask, kwargs)
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
-        logits = self.classifier(first_token_states(outputs.last_hidden_state, packing)).view(-1, num_choices)
-        # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
-        loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
-        result = MultipleChoiceModelOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
+
+class LittleBirdForTokenClassification(GenericForTokenClassification, LittleBirdPreTrainedModel):
+    base_model_class = LittleBirdModel
 
 
-class LittleBirdForTokenClassification(LittleBirdPreTrainedModel):
-    # Copied from posformers.modeling_roformer.RoFormerForTokenClassification.__init__ with RoFormer->LittleBird all-casing  # noqa: E501
-    def __init__(self, config: LittleBirdConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.littlebird = LittleBirdModel(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
+class LittleBirdForQuestionAnswering(GenericForQuestionAnswering, LittleBirdPreTrainedModel):
+    """Extractive QA, the paper's task (`GenericForQuestionAnswering`)."""
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> TokenClassifierOutput | tuple:
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
-        logits = run_on_real_tokens(
-            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, packing, attention_mask
-        )
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, self.config, **kwargs)
-        result = TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
+    base_model_class = LittleBirdModel
 
 
-class LittleBirdForQuestionAnswering(LittleBirdPreTrainedModel):
-    """Extractive QA (the paper's task): start and end logits over the tokens.
-
-    Where an attention_mask is given, the logits at its padded positions are the dtype's lowest value in every
-    `unpad_inputs` mode, so padding never wins a span and the loss does not depend on it. A flattened batch gets
-    per-sequence logits (num_sequences, longest sequence), lowest past each sequence's end, and takes
-    start_positions / end_positions per sequence (num_sequences,). With `config.qa_head="span_selection"` the logits
-    come from the span-selection head of `LittleBirdForQuestionSpanSelection` (same name, same weights), asked by each
-    example's one `config.question_token_id` token.
-    """
-
-    # Copied from posformers.modeling_roformer.RoFormerForQuestionAnswering.__init__ with RoFormer->LittleBird all-casing  # noqa: E501
-    def __init__(self, config: LittleBirdConfig):
-        super().__init__(config)
-        self.littlebird = LittleBirdModel(config)
-        if config.qa_head == "span_selection":
-            self.qass = QuestionAwareSpanSelectionHead(config)
-        else:
-            self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        start_positions=None,
-        end_positions=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> QuestionAnsweringModelOutput | tuple:
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
-        if self.config.qa_head == "span_selection":
-            start_logits, end_logits = single_question_logits(
-                self.qass, self.config, input_ids, outputs.last_hidden_state, attention_mask, packing
-            )
-        else:
-            start_logits, end_logits = span_logits(self.qa_outputs, outputs.last_hidden_state, attention_mask, packing)
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
-        result = QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return maybe_tuple(result, return_dict, self.config)
-
-
-class LittleBirdForQuestionSpanSelection(LittleBirdPreTrainedModel):
-    """Question-aware span selection (Splinter's QASS head), the model of recurring span selection pre-training: each
-    [QUESTION] token of a passage points at the start and end of its answer span.
-
-    question_positions (B, Q) long: the index of each question token, -1 where an example has fewer than Q. Without
-    it, every token `config.question_token_id` is a question (left-aligned, -1 padded). start_positions /
-    end_positions (B, Q): the answer's first and last token, ignored where the question is -1. Returns start and end
-    logits (B, Q, L), `torch.finfo(dtype).min` at padding and on the rows of absent questions, and the loss: the
-    mean over asked questions of (CE(start) + CE(end)) / 2. A flattened batch takes and gets the same per sequence
-    (num_sequences, Q), positions counted within each sequence. `LittleBirdForQuestionAnswering` with
-    `config.qa_head="span_selection"` holds the same head under the same name and fine-tunes from this model's weights.
-    """
-
-    def __init__(self, config: LittleBirdConfig):
-        super().__init__(config)
-        self.littlebird = LittleBirdModel(config)
-        self.qass = QuestionAwareSpanSelectionHead(config)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        question_positions=None,
-        start_positions=None,
-        end_positions=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> QuestionAnsweringModelOutput | tuple:
-        if question_positions is None and (self.config.question_token_id is None or input_ids is None):
-            raise ValueError(
-                f"{type(self).__name__} needs question_positions, or input_ids and config.question_token_id (the "
-                "[QUESTION] token) to find them"
-            )
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
-        hidden_states = outputs.last_hidden_state
-        if question_positions is None:
-            question_positions = find_questions(input_ids, self.config.question_token_id, packing)
-        real = real_token_mask(attention_mask, packing)
-        width = packing.width if packing is not None else hidden_states.shape[1]
-        rows = packing.rows if packing is not None and packing.flattened else hidden_states.shape[0]
-        check_span_selection(question_positions, start_positions, end_positions, real, (rows, width))
-        start_logits, end_logits = question_span_logits(
-            self.qass, hidden_states, question_positions, attention_mask, packing
-        )
-        loss = None
-        if start_positions is not None:
-            loss = span_selection_loss(start_logits, end_logits, start_positions, end_positions, question_positions)
-        result = QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return maybe_tuple(result, return_dict, self.config)
+class LittleBirdForQuestionSpanSelection(GenericForQuestionSpanSelection, LittleBirdPreTrainedModel):
+    base_model_class = LittleBirdModel
 
 
 __all__ = [

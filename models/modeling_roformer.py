@@ -4,8 +4,8 @@ Reads top to bottom in the order data flows: rotary math, embeddings, attention,
 base model, heads; then `convert_rope_layout`, a tool on whole models. Parameter names are those of transformers'
 RoFormer, so HF-format checkpoints load unchanged.
 
-This file imports only torch, transformers and its sibling `configuration_roformer.py`: `save_pretrained` copies both
-to the Hub for `trust_remote_code` users.
+This file imports only torch, transformers and its sibling modules (configuration, packing, inputs, heads, layers,
+loading): `save_pretrained` copies them to the Hub for `trust_remote_code` users.
 """
 
 import functools
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn import CrossEntropyLoss
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
@@ -28,34 +27,27 @@ from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
     CausalLMOutputWithCrossAttentions,
-    MaskedLMOutput,
-    MultipleChoiceModelOutput,
-    QuestionAnsweringModelOutput,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_roformer import RoFormerConfig
 from .heads import (
-    QuestionAwareSpanSelectionHead,
-    check_span_selection,
-    count_choices,
-    find_questions,
+    GenericForMaskedLM,
+    GenericForMultipleChoice,
+    GenericForQuestionAnswering,
+    GenericForQuestionSpanSelection,
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    MaskedLMDecoderEmbeddings,
+    OnlyMLMHead,
     first_token_states,
-    flatten_choices,
     maybe_tuple,
-    question_span_logits,
-    real_token_mask,
     refuse_flattened,
-    run_on_real_tokens,
-    single_question_logits,
-    span_logits,
-    span_selection_loss,
 )
 from .inputs import check_inputs
-from .loading import check_loaded_dtypes, explain_load_error
+from .layers import Intermediate, ResidualOutput
+from .loading import CheckedLoadingMixin
 from .packing import PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
 
 logger = logging.get_logger(__name__)
@@ -529,22 +521,11 @@ class RoFormerSelfAttention(nn.Module):
         return context.reshape(batch_size, seq_len, -1), weights
 
 
-class RoFormerSelfOutput(nn.Module):
-    def __init__(self, config: RoFormerConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
-        self.LayerNorm = make_norm(config, config.hidden_size)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
-
-
 class RoFormerAttention(nn.Module):
     def __init__(self, config: RoFormerConfig, layer_idx: int | None = None):
         super().__init__()
         self.self = RoFormerSelfAttention(config, layer_idx=layer_idx)
-        self.output = RoFormerSelfOutput(config)
+        self.output = ResidualOutput(config, config.hidden_size, config.use_bias, make_norm(config, config.hidden_size))
 
     def forward(self, hidden_states, attention_mask, position_embeddings, **kwargs):
         context, weights = self.self(hidden_states, attention_mask, position_embeddings, **kwargs)
@@ -556,33 +537,14 @@ class RoFormerAttention(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class RoFormerIntermediate(nn.Module):
-    def __init__(self, config: RoFormerConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.use_bias)
-        self.intermediate_act_fn = ACT2FN[config.hidden_act]
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.intermediate_act_fn(self.dense(hidden_states))
-
-
-class RoFormerOutput(nn.Module):
-    def __init__(self, config: RoFormerConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
-        self.LayerNorm = make_norm(config, config.hidden_size)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
-
-
 class RoFormerLayer(GradientCheckpointingLayer):
     def __init__(self, config: RoFormerConfig, layer_idx: int | None = None):
         super().__init__()
         self.attention = RoFormerAttention(config, layer_idx=layer_idx)
-        self.intermediate = RoFormerIntermediate(config)
-        self.output = RoFormerOutput(config)
+        self.intermediate = Intermediate(config, bias=config.use_bias)
+        self.output = ResidualOutput(
+            config, config.intermediate_size, config.use_bias, make_norm(config, config.hidden_size)
+        )
 
     def forward(self, hidden_states, attention_mask, position_embeddings, **kwargs):
         attention_output, weights = self.attention(hidden_states, attention_mask, position_embeddings, **kwargs)
@@ -625,10 +587,11 @@ class RoFormerEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class RoFormerPreTrainedModel(PreTrainedModel):
+class RoFormerPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     config_class = RoFormerConfig
     config: RoFormerConfig
     base_model_prefix = "roformer"
+    _input_embed_layer = "word_embeddings"  # transformers' get/set_input_embeddings find embeddings.word_embeddings
     # Flattened batches (DataCollatorWithFlattening: position_ids restarting per sequence) run per sequence; only
     # multiple choice and the causal LM refuse them.
     accepts_flattened_batches = True
@@ -642,21 +605,6 @@ class RoFormerPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     # transformers' RoFormer saves its frozen sinusoidal table; ours is computed, so the saved one is ignored.
     _keys_to_ignore_on_load_unexpected = [r"embed_positions\.weight"]
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' `from_pretrained`; weights that are not what they claim (a truncated or corrupted safetensors
-        file, a shard index naming a missing shard, a tensor of the wrong shape or dtype, a pickle that would run code)
-        end in one `CheckpointError` (an OSError) naming the file and the problem, not in a traceback from inside
-        safetensors or torch."""
-        try:
-            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        except Exception as error:
-            if (problem := explain_load_error(cls, pretrained_model_name_or_path, kwargs, error)) is None:
-                raise
-            raise problem from None
-        check_loaded_dtypes(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path, kwargs)
-        return loaded
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -717,6 +665,20 @@ def decoder_cache(config: RoFormerConfig, past_key_values: Cache | None, use_cac
     return past_key_values, use_cache
 
 
+# transformers 5.24 renamed the KV cache of its masking and generation functions, model inputs and outputs from
+# `past_key_values` to `cache` (the old name warns until its removal in 5.40): the masks take it positionally, and
+# inputs and outputs use whichever name the installed version has.
+_OUTPUT_FIELDS = BaseModelOutputWithPastAndCrossAttentions.__dataclass_fields__
+CACHE_FIELD = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
+
+
+def kv_cache(kwargs: dict, default: Cache | None = None, pop: bool = False) -> Cache | None:
+    """The cache in `kwargs` under either name (`default` when there is none); `pop` removes both names."""
+    take = kwargs.pop if pop else kwargs.get
+    cache, legacy = take("cache", None), take("past_key_values", None)
+    return next((c for c in (cache, legacy) if c is not None), default)
+
+
 def real_position_extent(position_ids: torch.Tensor, real_tokens: torch.Tensor | None, fallback: int) -> int:
     """One past the largest position a real token holds: the sequence length dynamic NTK scaling sizes its base for,
     read from the real tokens so that padding columns do not change the outputs. position_ids: (B or 1, L);
@@ -743,9 +705,7 @@ def attention_masks(config: RoFormerConfig, hidden_states, attention_mask, past_
     if attention_mask is not None and attention_mask.dim() == 2:
         key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
     if causal:
-        mask = create_causal_mask(
-            config=config, inputs_embeds=hidden_states, attention_mask=attention_mask, past_key_values=past_key_values
-        )
+        mask = create_causal_mask(config, hidden_states, attention_mask, past_key_values)
     else:
         mask = prompt_mask(config, hidden_states, attention_mask, past_key_values)
     return mask, key_padding_mask
@@ -757,18 +717,14 @@ def prompt_mask(config: RoFormerConfig, embeddings, attention_mask, past_key_val
     one of ones for the prompt."""
     if past_key_values is not None and attention_mask is None:
         attention_mask = torch.ones(embeddings.shape[:2], dtype=torch.long, device=embeddings.device)
-    return create_bidirectional_mask(
-        config=config, inputs_embeds=embeddings, attention_mask=attention_mask, past_key_values=past_key_values
-    )
+    return create_bidirectional_mask(config, embeddings, attention_mask, None, past_key_values)
 
 
 @dataclass
 class RoFormerModelOutput(BaseModelOutputWithPastAndCrossAttentions):
     """transformers' RoFormer output plus `pooler_output` (batch, hidden_size), None unless the model has a pooler.
 
-    `pooler_output` comes last, so `to_tuple()` without a pooler is exactly transformers' RoFormer tuple. The
-    model also sets a `packing` attribute, not a field (so tuples and keys are unchanged): the `PackedBatch` this
-    pass ran on, or None on the padded path; the heads read it to run their projections on real tokens only.
+    `pooler_output` comes last, so `to_tuple()` without a pooler is exactly transformers' RoFormer tuple.
     """
 
     pooler_output: torch.FloatTensor | None = None
@@ -807,12 +763,6 @@ class RoFormerModel(RoFormerPreTrainedModel):
         self.pooler = RoFormerPooler(config) if config.add_pooling_layer else None
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings.word_embeddings = value
-
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -837,7 +787,7 @@ class RoFormerModel(RoFormerPreTrainedModel):
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         return_dict = return_dict if return_dict is not None else config.return_dict
-        past_key_values, use_cache = decoder_cache(config, past_key_values, use_cache)
+        past_key_values, use_cache = decoder_cache(config, kv_cache(kwargs, past_key_values, pop=True), use_cache)
         past_length = past_key_values.get_seq_length() if past_key_values is not None else None
         inputs = dict(
             input_ids=input_ids,
@@ -897,11 +847,10 @@ class RoFormerModel(RoFormerPreTrainedModel):
         output = RoFormerModelOutput(
             last_hidden_state=sequence_output,
             pooler_output=pooler_output,
-            past_key_values=past_key_values if use_cache else None,
+            **{CACHE_FIELD: past_key_values if use_cache else None},
             hidden_states=all_hidden_states,
             attentions=encoder_output.attentions,
         )
-        output.packing = packing
         return output if return_dict else output.to_tuple()
 
     def plan_packing(
@@ -994,15 +943,6 @@ class RoFormerLMPredictionHead(nn.Module):
         return self.decoder(hidden_states)
 
 
-class RoFormerOnlyMLMHead(nn.Module):
-    def __init__(self, config: RoFormerConfig):
-        super().__init__()
-        self.predictions = RoFormerLMPredictionHead(config)
-
-    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
-        return self.predictions(sequence_output)
-
-
 def _lm_tied_weights_keys(config: RoFormerConfig) -> dict[str, str]:
     tied = {"cls.predictions.decoder.weight": "roformer.embeddings.word_embeddings.weight"}
     if config.use_bias:
@@ -1010,7 +950,7 @@ def _lm_tied_weights_keys(config: RoFormerConfig) -> dict[str, str]:
     return tied
 
 
-class RoFormerForMaskedLM(RoFormerPreTrainedModel):
+class RoFormerForMaskedLM(GenericForMaskedLM, RoFormerPreTrainedModel):
     _tied_weights_keys = {
         "cls.predictions.decoder.weight": "roformer.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias",
@@ -1022,52 +962,11 @@ class RoFormerForMaskedLM(RoFormerPreTrainedModel):
             raise ValueError("RoFormerForMaskedLM needs bidirectional attention: set config.is_decoder=False")
         self._tied_weights_keys = _lm_tied_weights_keys(config)
         self.roformer = RoFormerModel(config)
-        self.cls = RoFormerOnlyMLMHead(config)
+        self.cls = OnlyMLMHead(RoFormerLMPredictionHead(config))
         self.post_init()
 
-    def get_output_embeddings(self):
-        return self.cls.predictions.decoder
 
-    def set_output_embeddings(self, new_embeddings):
-        self.cls.predictions.decoder = new_embeddings
-        if new_embeddings.bias is not None:
-            self.cls.predictions.bias = new_embeddings.bias
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MaskedLMOutput | tuple:
-        outputs = self.roformer(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, outputs.packing, attention_mask)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        result = MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
-
-
-class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
+class RoFormerForCausalLM(MaskedLMDecoderEmbeddings, RoFormerPreTrainedModel, GenerationMixin):
     _tied_weights_keys = RoFormerForMaskedLM._tied_weights_keys
 
     def __init__(self, config: RoFormerConfig):
@@ -1079,28 +978,27 @@ class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
             )
         self._tied_weights_keys = _lm_tied_weights_keys(config)
         self.roformer = RoFormerModel(config)
-        self.cls = RoFormerOnlyMLMHead(config)
+        self.cls = OnlyMLMHead(RoFormerLMPredictionHead(config))
         self.post_init()
 
-    get_output_embeddings = RoFormerForMaskedLM.get_output_embeddings
-    set_output_embeddings = RoFormerForMaskedLM.set_output_embeddings
-
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
-        model_inputs = super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
+    def prepare_inputs_for_generation(self, input_ids, *args, **kwargs):
+        model_inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
         new_ids = model_inputs.get("input_ids")
-        cached = past_key_values is not None and past_key_values.get_seq_length() > 0
+        cache = kv_cache(model_inputs)
+        cached = cache is not None and cache.get_seq_length() > 0
         if self.config.bidirectional_prompt and cached and new_ids is not None:
             # junnyu's RoFormer-sim generation: what follows the prompt is segment B, token type 1
             model_inputs["token_type_ids"] = torch.ones_like(new_ids)
         return model_inputs
 
-    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, past_key_values, **kwargs):
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, *cache, **kwargs):
         """The 4D mask `generate` builds ahead for a static cache: bidirectional over a prompt that
         `bidirectional_prompt` reads so, causal otherwise."""
-        cached = past_key_values.get_seq_length() if past_key_values is not None else 0
+        cache = cache[0] if cache else kv_cache(kwargs, pop=True)
+        cached = cache.get_seq_length() if cache is not None else 0
         if is_causal_pass(config, cached):
-            return create_masks_for_generate(config, inputs_embeds, attention_mask, past_key_values, **kwargs)
-        return prompt_mask(config, inputs_embeds, attention_mask, past_key_values)
+            return create_masks_for_generate(config, inputs_embeds, attention_mask, cache, **kwargs)
+        return prompt_mask(config, inputs_embeds, attention_mask, cache)
 
     def forward(
         self,
@@ -1125,7 +1023,7 @@ class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            past_key_values=past_key_values,
+            past_key_values=kv_cache(kwargs, past_key_values, pop=True),
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
@@ -1143,7 +1041,7 @@ class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
         result = CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
@@ -1167,46 +1065,13 @@ class RoFormerClassificationHead(nn.Module):
         return self.out_proj(x)
 
 
-class RoFormerForSequenceClassification(RoFormerPreTrainedModel):
+class RoFormerForSequenceClassification(GenericForSequenceClassification, RoFormerPreTrainedModel):
     def __init__(self, config: RoFormerConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.roformer = RoFormerModel(config)
         self.classifier = RoFormerClassificationHead(config)
         self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> SequenceClassifierOutput | tuple:
-        outputs = self.roformer(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = self.classifier(first_token_states(outputs.last_hidden_state, outputs.packing))
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
-        result = SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
 
 
 class RoFormerSequenceSummary(nn.Module):
@@ -1227,7 +1092,9 @@ class RoFormerSequenceSummary(nn.Module):
         return (hidden_states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
-class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
+class RoFormerForMultipleChoice(GenericForMultipleChoice, RoFormerPreTrainedModel):
+    """Multiple choice on each choice's `RoFormerSequenceSummary` (`config.summary_type`)."""
+
     def __init__(self, config: RoFormerConfig):
         super().__init__(config)
         self.roformer = RoFormerModel(config)
@@ -1235,227 +1102,24 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MultipleChoiceModelOutput | tuple:
-        refuse_flattened(self, position_ids, attention_mask, kwargs)
-        num_choices = count_choices(self, input_ids, inputs_embeds)
-        flat_mask = flatten_choices(attention_mask)
-        outputs = self.roformer(
-            flatten_choices(input_ids),
-            attention_mask=flat_mask,
-            token_type_ids=flatten_choices(token_type_ids),
-            position_ids=flatten_choices(position_ids),
-            inputs_embeds=flatten_choices(inputs_embeds, dims=3),
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            # the last position of a padded choice is a padding token, whose state transformers' RoFormer classifies
-            keep_padding_states=self.config.summary_type == "last",
-            **kwargs,
-        )
-        pooled = self.sequence_summary(outputs.last_hidden_state, flat_mask)
-        logits = self.classifier(pooled).view(-1, num_choices)
-        # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
-        loss = CrossEntropyLoss()(logits, labels.to(logits.device)) if labels is not None else None
-        result = MultipleChoiceModelOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
+    def choice_inputs(self) -> dict:
+        # the last position of a padded choice is a padding token, whose state transformers' RoFormer classifies
+        return {"keep_padding_states": self.config.summary_type == "last"}
+
+    def score_choices(self, hidden_states: torch.Tensor, attention_mask) -> torch.Tensor:
+        return self.classifier(self.sequence_summary(hidden_states, attention_mask))
 
 
-class RoFormerForTokenClassification(RoFormerPreTrainedModel):
-    def __init__(self, config: RoFormerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.roformer = RoFormerModel(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> TokenClassifierOutput | tuple:
-        outputs = self.roformer(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = run_on_real_tokens(
-            lambda states: self.classifier(self.dropout(states)),
-            outputs.last_hidden_state,
-            outputs.packing,
-            attention_mask,
-        )
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, self.config, **kwargs)
-        result = TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return maybe_tuple(result, return_dict, self.config)
+class RoFormerForTokenClassification(GenericForTokenClassification, RoFormerPreTrainedModel):
+    base_model_class = RoFormerModel
 
 
-class RoFormerForQuestionAnswering(RoFormerPreTrainedModel):
-    """Extractive QA: start and end logits per token. Where an attention_mask is given, the logits at padded
-    positions are `torch.finfo(dtype).min` (in every `unpad_inputs` mode), so padding never wins and the loss does
-    not depend on it. A flattened batch gets (num_sequences, longest sequence) logits, one row per sequence, and
-    takes start/end_positions per sequence. With `config.qa_head="span_selection"` the logits come from the
-    span-selection head of `RoFormerForQuestionSpanSelection` (same name, same weights), asked by each example's one
-    `config.question_token_id` token."""
-
-    def __init__(self, config: RoFormerConfig):
-        super().__init__(config)
-        self.roformer = RoFormerModel(config)
-        if config.qa_head == "span_selection":
-            self.qass = QuestionAwareSpanSelectionHead(config)
-        else:
-            self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        start_positions=None,
-        end_positions=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> QuestionAnsweringModelOutput | tuple:
-        outputs = self.roformer(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        if self.config.qa_head == "span_selection":
-            start_logits, end_logits = single_question_logits(
-                self.qass, self.config, input_ids, outputs.last_hidden_state, attention_mask, outputs.packing
-            )
-        else:
-            start_logits, end_logits = span_logits(
-                self.qa_outputs, outputs.last_hidden_state, attention_mask, outputs.packing
-            )
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
-        result = QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return maybe_tuple(result, return_dict, self.config)
+class RoFormerForQuestionAnswering(GenericForQuestionAnswering, RoFormerPreTrainedModel):
+    base_model_class = RoFormerModel
 
 
-class RoFormerForQuestionSpanSelection(RoFormerPreTrainedModel):
-    """Question-aware span selection (Splinter's QASS head), the model of recurring span selection pre-training: each
-    [QUESTION] token of a passage points at the start and end of its answer span.
-
-    question_positions (B, Q) long: the index of each question token, -1 where an example has fewer than Q. Without
-    it, every token `config.question_token_id` is a question (left-aligned, -1 padded). start_positions /
-    end_positions (B, Q): the answer's first and last token, ignored where the question is -1. Returns start and end
-    logits (B, Q, L), `torch.finfo(dtype).min` at padding and on the rows of absent questions, and the loss: the
-    mean over asked questions of (CE(start) + CE(end)) / 2. A flattened batch takes and gets the same per sequence
-    (num_sequences, Q), positions counted within each sequence. `RoFormerForQuestionAnswering` with
-    `config.qa_head="span_selection"` holds the same head under the same name and fine-tunes from this model's weights.
-    """
-
-    def __init__(self, config: RoFormerConfig):
-        super().__init__(config)
-        self.roformer = RoFormerModel(config)
-        self.qass = QuestionAwareSpanSelectionHead(config)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        question_positions=None,
-        start_positions=None,
-        end_positions=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> QuestionAnsweringModelOutput | tuple:
-        if question_positions is None and (self.config.question_token_id is None or input_ids is None):
-            raise ValueError(
-                f"{type(self).__name__} needs question_positions, or input_ids and config.question_token_id (the "
-                "[QUESTION] token) to find them"
-            )
-        outputs = self.roformer(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        packing, hidden_states = outputs.packing, outputs.last_hidden_state
-        if question_positions is None:
-            question_positions = find_questions(input_ids, self.config.question_token_id, packing)
-        real = real_token_mask(attention_mask, packing)
-        width = packing.width if packing is not None else hidden_states.shape[1]
-        rows = packing.rows if packing is not None and packing.flattened else hidden_states.shape[0]
-        check_span_selection(question_positions, start_positions, end_positions, real, (rows, width))
-        start_logits, end_logits = question_span_logits(
-            self.qass, hidden_states, question_positions, attention_mask, packing
-        )
-        loss = None
-        if start_positions is not None:
-            loss = span_selection_loss(start_logits, end_logits, start_positions, end_positions, question_positions)
-        result = QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return maybe_tuple(result, return_dict, self.config)
+class RoFormerForQuestionSpanSelection(GenericForQuestionSpanSelection, RoFormerPreTrainedModel):
+    base_model_class = RoFormerModel
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -162,34 +162,51 @@ def test_the_closure_check_sees_a_foreign_import(tmp_path):
     assert [Path(p).name for p in closure] == ["shared.py"] and "numpy" in get_imports(closure[0])
 
 
-def test_a_drifted_copy_fails_the_check():
+SOURCE = """class AlphaHead:
+    def set_output_embeddings(self, new_embeddings):
+        self.alpha.decoder = new_embeddings
+        if new_embeddings.bias is not None:
+            self.alpha.bias = new_embeddings.bias
+"""
+
+
+@pytest.fixture
+def renamed_copy(tmp_path, monkeypatch) -> Copy:
+    """A models folder holding `modeling_a.AlphaHead` and, in modeling_b.py, its marked copy renamed to Beta: the
+    checker's own tests do not depend on the copies the package holds (ideally none)."""
+    monkeypatch.setattr(sys.modules[__name__], "MODELS_DIR", tmp_path)
+    (tmp_path / "modeling_a.py").write_text(SOURCE)
+    copy = "# Copied from posformers.modeling_a.AlphaHead with Alpha->Beta all-casing\n"
+    copy += apply_renames(SOURCE, "Alpha->Beta all-casing")
+    (tmp_path / "modeling_b.py").write_text(copy)
+    (found,) = find_copies(tmp_path / "modeling_b.py")
+    return found
+
+
+def test_a_drifted_copy_fails_the_check(renamed_copy):
     """Editing one copy (here in a temporary text) is caught, with the edited line in the report."""
-    copy = next(c for c in COPIES if c.source.endswith("RoFormerForMaskedLM.set_output_embeddings"))
-    text = copy.path.read_text()
-    assert check_copy(copy, text) is None
+    text = renamed_copy.path.read_text()
+    assert check_copy(renamed_copy, text) is None
     drifted = text.replace("        if new_embeddings.bias is not None:\n", "", 1)
     assert drifted != text
-    report = check_copy(copy, drifted)
+    report = check_copy(renamed_copy, drifted)
     assert report is not None and "-        if new_embeddings.bias is not None:" in report
 
 
-def test_a_rename_is_part_of_the_check():
+def test_a_rename_is_part_of_the_check(renamed_copy):
     """A copy whose renames are dropped or wrong no longer matches its source."""
-    copy = next(c for c in COPIES if c.renames and "all-casing" in c.renames)
-    text = copy.path.read_text()
-    assert check_copy(copy, text) is None
-    marker_line = text.split("\n")[copy.line - 1]
-    without_renames = Copy(copy.path, copy.line, copy.indent, copy.source, None)
-    assert check_copy(without_renames, text) is not None, marker_line
+    text = renamed_copy.path.read_text()
+    assert check_copy(renamed_copy, text) is None
+    without_renames = Copy(renamed_copy.path, renamed_copy.line, renamed_copy.indent, renamed_copy.source, None)
+    assert check_copy(without_renames, text) is not None
     assert apply_renames("RoFormer roformer ROFORMER", "RoFormer->Deberta all-casing") == "Deberta deberta DEBERTA"
     assert apply_renames("RoFormer roformer", "RoFormer->Deberta") == "Deberta roformer"
 
 
-def test_a_marker_naming_a_missing_source_fails():
-    copy = COPIES[0]
-    ghost = Copy(copy.path, copy.line, copy.indent, "modeling_roformer.NoSuchPiece", None)
+def test_a_marker_naming_a_missing_source_fails(renamed_copy):
+    ghost = Copy(renamed_copy.path, renamed_copy.line, renamed_copy.indent, "modeling_a.NoSuchPiece", None)
     with pytest.raises(LookupError, match="NoSuchPiece"):
-        check_copy(ghost, copy.path.read_text())
+        check_copy(ghost, renamed_copy.path.read_text())
 
 
 def test_a_multi_line_signature_keeps_its_body_in_the_check():

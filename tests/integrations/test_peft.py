@@ -222,13 +222,15 @@ def test_target_modules_name_the_encoder_linears_only():
 
 
 def test_readme_example_runs(tmp_path, monkeypatch, sst2):
-    """The README's PEFT example runs as written on a tiny DeBERTa saved where it looks, and its saved adapter
-    reloads."""
+    """The manual's PEFT example runs as written on a tiny DeBERTa saved in a folder that stands for the Hub repo it
+    names, and its saved adapter reloads."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("### PEFT: LoRA and other adapters") :]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    section = page[page.index("## PEFT: LoRA and other adapters") :]
     code = section[section.index("```python\n") + len("```python\n") : section.index("```\n", 10)]
+    assert code.count('"microsoft/deberta-v3-base"') == 2, code
+    code = code.replace('"microsoft/deberta-v3-base"', '"deberta-v3-base"')
     build("deberta").save_pretrained(tmp_path / "deberta-v3-base")
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}

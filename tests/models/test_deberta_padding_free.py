@@ -13,6 +13,7 @@ from helpers.modeling import (
     check_flattened_refusals,
     flattened,
     make_batch,
+    packing_calls,
     sst2_token_ids,
     tiny_config,
 )
@@ -26,6 +27,7 @@ from posformers import (
     DebertaForSequenceClassification,
     DebertaForTokenClassification,
     DebertaModel,
+    modeling_deberta,
 )
 
 TOLERANCE = 1e-5
@@ -143,19 +145,20 @@ def assert_close(actual: dict, expected: dict, what: str):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("head", HEADS)
 @pytest.mark.parametrize("version", VERSIONS)
-def test_packed_equals_padded(version, head, case, training):
+def test_packed_equals_padded(version, head, case, training, monkeypatch):
     """unpad_inputs="always" (and "auto" for a padded batch) give the padded path's outputs at real tokens and its
     gradients, for every head; padded positions of the base model's output are zeros."""
     model = build(head, version).train(training)
     inputs, mask = head_inputs(head, *CASES[case])
     expected, expected_grads, _ = run(model, head, inputs, mask, "never")
     modes = ["always", "auto"] if case == "mixed-lengths" else ["always"]
+    calls = packing_calls(monkeypatch, modeling_deberta)
     for mode in modes:
         actual, grads, output = run(model, head, inputs, mask, mode)
         assert_close(actual, expected, f"{mode} outputs")
         assert_close(grads, expected_grads, f"{mode} gradients")
+        assert calls[-1] is not None
         if head == "base":
-            assert output.packing is not None
             assert output.last_hidden_state.shape[:2] == mask.shape
             assert not output.last_hidden_state[~mask.bool()].any()
 
@@ -174,9 +177,10 @@ def test_auto_leaves_a_batch_without_padding_on_the_padded_path(version, monkeyp
     monkeypatch.setattr(
         f"{packing_module}.PackedBatch.pack", lambda *args: calls.append(args) or pytest.fail("packed a full batch")
     )
+    plans = packing_calls(monkeypatch, modeling_deberta)
     for mask in (attention_mask, None):
         output = model(input_ids, attention_mask=mask)
-        assert output.packing is None and not calls
+        assert plans[-1] is None and not calls
         torch.testing.assert_close(output.last_hidden_state, expected, rtol=0, atol=0)
 
 
@@ -194,33 +198,38 @@ def test_hidden_states_are_restored_with_zeros_at_padding():
         assert (a[real] - e[real]).abs().max() <= TOLERANCE
 
 
-def test_output_attentions_runs_padded_in_auto_and_is_refused_in_always():
+def test_output_attentions_runs_padded_in_auto_and_is_refused_in_always(monkeypatch):
+    calls = packing_calls(monkeypatch, modeling_deberta)
     model = build("base", "v3").eval()
     input_ids, attention_mask, _ = make_batch()
     output = model(input_ids, attention_mask=attention_mask, output_attentions=True)
-    assert output.packing is None and output.attentions[0].shape == (3, 4, 17, 17)
+    assert calls == [None] and output.attentions[0].shape == (3, 4, 17, 17)
     model.config.unpad_inputs = "always"
     with pytest.raises(ValueError, match="output_attentions"):
         model(input_ids, attention_mask=attention_mask, output_attentions=True)
 
 
-def test_three_dimensional_mask_runs_padded_in_auto_and_is_refused_in_always():
+def test_three_dimensional_mask_runs_padded_in_auto_and_is_refused_in_always(monkeypatch):
+    calls = packing_calls(monkeypatch, modeling_deberta)
     model = build("base", "v3").eval()
     input_ids, attention_mask, _ = make_batch()
     mask3d = attention_mask[:, None, :] * attention_mask[:, :, None]
-    assert model(input_ids, attention_mask=mask3d).packing is None
+    model(input_ids, attention_mask=mask3d)
+    assert calls == [None]
     model.config.unpad_inputs = "always"
     with pytest.raises(ValueError, match="3D attention_mask"):
         model(input_ids, attention_mask=mask3d)
 
 
-def test_always_with_left_padding_names_attention_mask():
+def test_always_with_left_padding_names_attention_mask(monkeypatch):
     model = build("base", "v3", unpad_inputs="always").eval()
     input_ids, attention_mask, _ = make_batch()
     with pytest.raises(ValueError, match="attention_mask is not right-padded"):
         model(input_ids, attention_mask=attention_mask.flip(-1))
     model.config.unpad_inputs = "auto"  # auto: left padding runs padded
-    assert model(input_ids, attention_mask=attention_mask.flip(-1)).packing is None
+    calls = packing_calls(monkeypatch, modeling_deberta)
+    model(input_ids, attention_mask=attention_mask.flip(-1))
+    assert calls == [None]
 
 
 def test_unpad_inputs_is_validated():

@@ -11,6 +11,7 @@ from helpers.modeling import (
     check_activation_checkpointing,
     check_flattened_refusals,
     flattened,
+    packing_calls,
     sst2_token_ids,
     tiny_config,
 )
@@ -26,7 +27,6 @@ from posformers import (
     RoFormerForTokenClassification,
     RoFormerModel,
     modeling_roformer,
-    packing,
 )
 
 TOLERANCE = 1e-5
@@ -140,19 +140,6 @@ def assert_close(actual: dict, expected: dict, what: str):
         assert diff <= TOLERANCE * scale, f"{what} {key}: max abs diff {diff} (largest entry {scale})"
 
 
-def packing_calls(monkeypatch) -> list:
-    """Records every PackedBatch the model plans (None for the padded path)."""
-    calls = []
-    plan = packing.plan_packing
-
-    def recording(*args, **kwargs):
-        calls.append(plan(*args, **kwargs))
-        return calls[-1]
-
-    monkeypatch.setattr(modeling_roformer, "plan_packing", recording)
-    return calls
-
-
 # --- Padded batches: packed == padded --------------------------------------------------------------------------------
 
 
@@ -164,7 +151,7 @@ def test_packed_equals_padded(head, case, mode, training, monkeypatch):
     model = build(head).train(training)
     inputs, mask = head_inputs(head, *CASES[case])
     expected, expected_grads, _ = run(model, head, inputs, mask, "never")
-    calls = packing_calls(monkeypatch)
+    calls = packing_calls(monkeypatch, modeling_roformer)
     last_read_at_padding = head == "multiple-choice-last" and not bool(mask.bool()[..., -1].all())
     if mode == "always" and last_read_at_padding:  # the padding token's state exists on the padded path only
         with pytest.raises(ValueError, match="keep_padding_states=True returns the states of padded positions"):
@@ -180,15 +167,15 @@ def test_packed_equals_padded(head, case, mode, training, monkeypatch):
 @pytest.mark.parametrize("case", ["row-of-padding", "mixed-lengths", "length-one"])
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("head", ["base", "mlm"])
-def test_packed_equals_padded_for_every_variant(head, variant, case):
+def test_packed_equals_padded_for_every_variant(head, variant, case, monkeypatch):
+    calls = packing_calls(monkeypatch, modeling_roformer)
     model = build(head, **VARIANTS[variant]).train()
     inputs, mask = head_inputs(head, *CASES[case])
     expected, expected_grads, _ = run(model, head, inputs, mask, "never")
-    actual, actual_grads, output = run(model, head, inputs, mask, "auto")
+    actual, actual_grads, _ = run(model, head, inputs, mask, "auto")
     assert_close(actual, expected, "outputs")
     assert_close(actual_grads, expected_grads, "gradients")
-    if head == "base":
-        assert output.packing is not None
+    assert calls[0] is None and calls[-1] is not None
 
 
 def test_packed_hidden_states_are_zero_at_padding_and_equal_at_real_tokens():
@@ -236,7 +223,7 @@ def test_qa_logits_are_lowest_at_padding_in_every_mode(mode):
 
 
 def test_auto_keeps_the_padded_path_where_packing_is_ruled_out(monkeypatch):
-    calls = packing_calls(monkeypatch)
+    calls = packing_calls(monkeypatch, modeling_roformer)
     inputs, mask = head_inputs("base", *CASES["mixed-lengths"])
     model = build("base").eval()
     with torch.no_grad():
@@ -250,6 +237,20 @@ def test_auto_keeps_the_padded_path_where_packing_is_ruled_out(monkeypatch):
     with torch.no_grad():
         output = decoder(**inputs)
     assert calls[-1] is None and output.logits.shape == (4, 17, 99)
+
+
+def test_decoder_heads_read_a_left_padded_row_as_their_base_model_does():
+    """A decoder reads a left-padded row's position_ids, which restart at 0 after the padding as `generate` numbers
+    them, as given and runs padded; its heads plan the same, not a flattened batch that the padding contradicts."""
+    model = build("token-cls", is_decoder=True).eval()
+    input_ids = torch.arange(5, 13)[None]
+    attention_mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        logits = model(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        alone = model(input_ids[:, 2:], position_ids=position_ids[:, 2:]).logits
+    assert logits.shape == (1, 8, 5) and not logits[:, :2].any()
+    torch.testing.assert_close(logits[:, 2:], alone)
 
 
 def test_always_refuses_what_cannot_be_packed():
