@@ -230,7 +230,6 @@ for name in ARGS["blocked"]:
     sys.modules[name] = None  # `import name` fails and importlib.util.find_spec(name) says it is not installed
 import transformers
 from transformers.utils import is_protobuf_available, is_sentencepiece_available
-from posformers.finetune.demo import DEMO_DATA
 
 result = {"sentencepiece": is_sentencepiece_available(), "protobuf": is_protobuf_available(), "jobs": {}}
 texts = json.loads(open(ARGS["texts"], encoding="utf-8").read())
