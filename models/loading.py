@@ -128,6 +128,23 @@ def safetensors_header(path: str) -> dict:
     return tensors
 
 
+def checkpoint_names(name_or_path, kwargs: dict) -> set[str]:
+    """The tensor names of a checkpoint whose safetensors files are on this machine (from their headers or the shard
+    index); empty where there are none (pickled weights, or Hub files not downloaded yet)."""
+    if (index := local_file(name_or_path, SAFETENSORS_INDEX, kwargs)) is not None:
+        try:
+            with open(index, encoding="utf-8") as file:
+                return set(json.load(file)["weight_map"])
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            return set()  # transformers' load reports it, and explain_load_error names it
+    if (single := local_file(name_or_path, SAFETENSORS_WEIGHTS, kwargs)) is not None:
+        try:
+            return set(safetensors_header(single))
+        except CheckpointError:
+            return set()
+    return set()
+
+
 def _is_tensor_entry(entry) -> bool:
     return (
         isinstance(entry, dict)

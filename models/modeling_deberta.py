@@ -25,6 +25,7 @@ This file imports only torch, transformers and its sibling modules (configuratio
 layers, loading): `save_pretrained` copies them to the Hub for `trust_remote_code` users.
 """
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ from .heads import (
 )
 from .inputs import check_inputs
 from .layers import Intermediate, ResidualOutput
-from .loading import CheckedLoadingMixin
+from .loading import CheckedLoadingMixin, checkpoint_names
 from .packing import AttentionGroup, PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
 
 logger = logging.get_logger(__name__)
@@ -1159,9 +1160,9 @@ class DebertaEnhancedMaskDecoder(nn.Module):
 
 
 # transformers' DeBERTa MLM heads default to `legacy=True`, a BERT-style head under `cls.predictions.*` with the same
-# layers as the official one (dense, activation, LayerNorm, tied decoder, bias); models fine-tuned with it load with
-# `DebertaForMaskedLM.from_pretrained(path, key_mapping=LEGACY_MLM_KEY_MAPPING, emd_steps=0)` (they were trained
-# without an Enhanced Mask Decoder).
+# layers as the official one (dense, activation, LayerNorm, tied decoder, bias). `DebertaForMaskedLM.from_pretrained`
+# recognises that layout in local safetensors files and loads it with this mapping and `emd_steps=0` (such models were
+# trained without an Enhanced Mask Decoder); elsewhere pass `key_mapping=LEGACY_MLM_KEY_MAPPING, emd_steps=0`.
 LEGACY_MLM_KEY_MAPPING = {
     r"^cls\.predictions\.transform\.": "lm_predictions.lm_head.",
     r"^cls\.predictions\.bias": "lm_predictions.lm_head.bias",
@@ -1186,6 +1187,22 @@ class DebertaForMaskedLM(MaskedLMDecoderEmbeddings, DebertaPreTrainedModel):
         self.deberta = DebertaModel(config, with_positions=config.uses_emd)
         self.lm_predictions = DebertaEnhancedMaskDecoder(config)
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        names = checkpoint_names(pretrained_model_name_or_path, kwargs)
+        if "key_mapping" not in kwargs and any(name.startswith("cls.predictions.") for name in names):
+            logger.warning(
+                f"{pretrained_model_name_or_path}: transformers' legacy MLM head (cls.predictions.*), loaded with "
+                "LEGACY_MLM_KEY_MAPPING and emd_steps=0"
+            )
+            kwargs["key_mapping"] = LEGACY_MLM_KEY_MAPPING
+            if isinstance(config := kwargs.get("config"), DebertaConfig):
+                kwargs["config"] = config = copy.deepcopy(config)
+                config.emd_steps = 0
+            else:
+                kwargs.setdefault("emd_steps", 0)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def prediction_head(self) -> nn.Module:
         return self.lm_predictions.lm_head

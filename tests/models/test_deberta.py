@@ -195,6 +195,25 @@ def test_transformers_legacy_mlm_head_loads_with_the_key_mapping(variant, tmp_pa
     assert max_diff(expected, actual, attention_mask) <= TOL
 
 
+def test_transformers_legacy_mlm_head_is_recognised_without_the_mapping(tmp_path, caplog):
+    """The user's call: a masked LM saved by transformers' own class (legacy head), loaded as any other folder."""
+    reference = reference_model("v3", "ForMaskedLM", 17)
+    with torch.no_grad():
+        for parameter in reference.cls.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    reference.save_pretrained(tmp_path)
+    with caplog.at_level("WARNING"):
+        ours, info = DebertaForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert ours.config.emd_steps == 0
+    assert "legacy MLM head" in caplog.text
+    input_ids, attention_mask, _ = make_batch()
+    with torch.no_grad():
+        expected = reference(input_ids, attention_mask=attention_mask).logits
+        actual = ours.eval()(input_ids, attention_mask=attention_mask).logits
+    assert max_diff(expected, actual, attention_mask) <= TOL
+
+
 @pytest.mark.parametrize("variant", ["v1", "v3"])
 def test_parity_question_answering_loss(variant, tmp_path):
     reference = reference_model(variant, "ForQuestionAnswering", 17)
