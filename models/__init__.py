@@ -6,62 +6,39 @@ Importing the package registers every config and model with transformers' Auto c
 
 import transformers as _transformers
 
-from . import _registry
-from . import modeling_deberta as _modeling_deberta
-from . import modeling_littlebird as _modeling_littlebird
-from . import modeling_roformer as _modeling_roformer
-from .configuration_deberta import AUTO_MAP as _DEBERTA_AUTO_MAP
+from . import (
+    _registry,
+    configuration_deberta,
+    configuration_littlebird,
+    configuration_roformer,
+    modeling_deberta,
+    modeling_littlebird,
+    modeling_roformer,
+)
 from .configuration_deberta import DebertaConfig
-from .configuration_littlebird import AUTO_MAP as _LITTLEBIRD_AUTO_MAP
 from .configuration_littlebird import LittleBirdConfig
-from .configuration_roformer import AUTO_MAP as _ROFORMER_AUTO_MAP
 from .configuration_roformer import RoFormerConfig
-from .modeling_deberta import (
-    DebertaForMaskedLM,
-    DebertaForMultipleChoice,
-    DebertaForQuestionAnswering,
-    DebertaForQuestionSpanSelection,
-    DebertaForReplacedTokenDetection,
-    DebertaForSequenceClassification,
-    DebertaForTokenClassification,
-    DebertaModel,
-    DebertaPreTrainedModel,
-)
-from .modeling_littlebird import (
-    LittleBirdForMaskedLM,
-    LittleBirdForMultipleChoice,
-    LittleBirdForQuestionAnswering,
-    LittleBirdForQuestionSpanSelection,
-    LittleBirdForSequenceClassification,
-    LittleBirdForTokenClassification,
-    LittleBirdModel,
-    LittleBirdPreTrainedModel,
-)
-from .modeling_roformer import (
-    RoFormerForCausalLM,
-    RoFormerForMaskedLM,
-    RoFormerForMultipleChoice,
-    RoFormerForQuestionAnswering,
-    RoFormerForQuestionSpanSelection,
-    RoFormerForSequenceClassification,
-    RoFormerForTokenClassification,
-    RoFormerModel,
-    RoFormerPreTrainedModel,
-    convert_rope_layout,
-)
+from .modeling_deberta import *  # noqa: F403 (each modeling file's __all__: its model classes)
+from .modeling_littlebird import *  # noqa: F403
+from .modeling_roformer import *  # noqa: F403
 
 __version__ = "0.1.0"
 
-_registry.register(RoFormerConfig, _ROFORMER_AUTO_MAP, _modeling_roformer)
-_registry.register(DebertaConfig, _DEBERTA_AUTO_MAP, _modeling_deberta)
-_registry.register(LittleBirdConfig, _LITTLEBIRD_AUTO_MAP, _modeling_littlebird)
+_MODELS = (
+    (configuration_roformer, modeling_roformer),
+    (configuration_deberta, modeling_deberta),
+    (configuration_littlebird, modeling_littlebird),
+)
+for _configuration, _modeling in _MODELS:
+    _config_class = getattr(_configuration, _configuration.AUTO_MAP["AutoConfig"].rsplit(".", 1)[1])
+    _registry.register(_config_class, _configuration.AUTO_MAP, _modeling)
 # The span-selection models (Splinter's QASS) are pre-training models, as transformers files SplinterForPreTraining:
 # saving one writes its AutoModelForPreTraining entry and copies the model files for trust_remote_code users. DeBERTa's
 # AutoModelForPreTraining in this process stays DebertaForReplacedTokenDetection (its AUTO_MAP).
 for _config, _span_selection in (
-    (RoFormerConfig, RoFormerForQuestionSpanSelection),
-    (DebertaConfig, DebertaForQuestionSpanSelection),
-    (LittleBirdConfig, LittleBirdForQuestionSpanSelection),
+    (RoFormerConfig, modeling_roformer.RoFormerForQuestionSpanSelection),
+    (DebertaConfig, modeling_deberta.DebertaForQuestionSpanSelection),
+    (LittleBirdConfig, modeling_littlebird.LittleBirdForQuestionSpanSelection),
 ):
     _span_selection.register_for_auto_class("AutoModelForPreTraining")
     if _config is not DebertaConfig:
@@ -69,33 +46,9 @@ for _config, _span_selection in (
 
 __all__ = [
     "DebertaConfig",
-    "DebertaForMaskedLM",
-    "DebertaForMultipleChoice",
-    "DebertaForQuestionAnswering",
-    "DebertaForQuestionSpanSelection",
-    "DebertaForReplacedTokenDetection",
-    "DebertaForSequenceClassification",
-    "DebertaForTokenClassification",
-    "DebertaModel",
-    "DebertaPreTrainedModel",
     "LittleBirdConfig",
-    "LittleBirdForMaskedLM",
-    "LittleBirdForMultipleChoice",
-    "LittleBirdForQuestionAnswering",
-    "LittleBirdForQuestionSpanSelection",
-    "LittleBirdForSequenceClassification",
-    "LittleBirdForTokenClassification",
-    "LittleBirdModel",
-    "LittleBirdPreTrainedModel",
     "RoFormerConfig",
-    "RoFormerForCausalLM",
-    "RoFormerForMaskedLM",
-    "RoFormerForMultipleChoice",
-    "RoFormerForQuestionAnswering",
-    "RoFormerForQuestionSpanSelection",
-    "RoFormerForSequenceClassification",
-    "RoFormerForTokenClassification",
-    "RoFormerModel",
-    "RoFormerPreTrainedModel",
-    "convert_rope_layout",
+    *modeling_deberta.__all__,
+    *modeling_littlebird.__all__,
+    *modeling_roformer.__all__,
 ]

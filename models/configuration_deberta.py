@@ -64,25 +64,11 @@ OFFICIAL_COMMON_DEFAULTS = dict(
     pooler_dropout=0.0,
     pooler_hidden_act="gelu",
 )
+_BASE_SIZE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+_XLARGE_SIZE = dict(hidden_size=1536, num_hidden_layers=24, num_attention_heads=24, intermediate_size=6144)
 OFFICIAL_DEFAULTS = {
-    "deberta": dict(
-        OFFICIAL_COMMON_DEFAULTS,
-        vocab_size=50265,
-        hidden_size=768,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        projection_layout="fused",
-    ),
-    "deberta-v2": dict(
-        OFFICIAL_COMMON_DEFAULTS,
-        vocab_size=128100,
-        hidden_size=1536,
-        num_hidden_layers=24,
-        num_attention_heads=24,
-        intermediate_size=6144,
-        projection_layout="separate",
-    ),
+    "deberta": dict(OFFICIAL_COMMON_DEFAULTS, vocab_size=50265, **_BASE_SIZE, projection_layout="fused"),
+    "deberta-v2": dict(OFFICIAL_COMMON_DEFAULTS, vocab_size=128100, **_XLARGE_SIZE, projection_layout="separate"),
 }
 
 _V1 = dict(
@@ -96,12 +82,12 @@ _V1 = dict(
     norm_rel_ebd="none",
     projection_layout="fused",
 )
+# v2 changed from v1: the vocabulary (SentencePiece), log-bucketed positions, a key projection shared with the
+# positions, a LayerNorm on the relative embeddings, separate q/k/v projections
 _V2 = dict(
+    _V1,
     vocab_size=128100,
-    relative_attention=True,
     pos_att_type="p2c|c2p",
-    max_relative_positions=-1,
-    position_biased_input=False,
     position_buckets=256,
     share_att_key=True,
     norm_rel_ebd="layer_norm",

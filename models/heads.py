@@ -373,18 +373,20 @@ def head_output(output_class, base_outputs, config, return_dict, **fields):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class GenericForTokenClassification:
-    """Token classification: dropout and a linear classifier on every real token (BERT's head)."""
+class LabelledHead:
+    """The forward of the heads that take `labels`: one pass through the base model (`run_base_model`), `head_logits`
+    on its outputs, `head_loss` where labels are given, all in the class's `output_class`."""
 
-    base_model_class: type
+    output_class: type
+    # a head that reads every layer's states (DeBERTa's Enhanced Mask Decoder) asks the base model for them, and
+    # returns them only where they were requested
+    reads_hidden_states = False
 
-    def __init__(self, config):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        setattr(self, self.base_model_prefix, self.base_model_class(config))
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
+    def head_logits(self, outputs, packing: PackedBatch | None, attention_mask, position_ids) -> torch.Tensor:
+        raise NotImplementedError
+
+    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
+        raise NotImplementedError
 
     def forward(
         self,
@@ -398,14 +400,40 @@ class GenericForTokenClassification:
         output_hidden_states=None,
         return_dict=None,
         **kwargs,
-    ) -> TokenClassifierOutput | tuple:
+    ):
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
-        logits = run_on_real_tokens(
+        all_states = output_hidden_states or self.reads_hidden_states
+        outputs, packing = run_base_model(self, *inputs, output_attentions, all_states, kwargs)
+        logits = self.head_logits(outputs, packing, attention_mask, position_ids)
+        loss = self.head_loss(logits, labels, attention_mask, **kwargs) if labels is not None else None
+        hidden_states = outputs.hidden_states if output_hidden_states else None
+        fields = dict(loss=loss, logits=logits, hidden_states=hidden_states)
+        return head_output(self.output_class, outputs, self.config, return_dict, **fields)
+
+
+class GenericForTokenClassification(LabelledHead):
+    """Token classification: dropout and a linear classifier on every real token (BERT's head)."""
+
+    base_model_class: type
+    output_class = TokenClassifierOutput
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def head_logits(self, outputs, packing, attention_mask, position_ids) -> torch.Tensor:
+        return run_on_real_tokens(
             lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, packing, attention_mask
         )
-        loss = self.loss_function(logits, labels, self.config, **kwargs) if labels is not None else None
-        return head_output(TokenClassifierOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
+
+    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
+        return self.loss_function(logits, labels, self.config, **kwargs)
 
 
 class GenericForQuestionAnswering:
@@ -538,32 +566,18 @@ class FirstTokenClassifier:
         return self.classifier(first_token_states)
 
 
-class GenericForSequenceClassification(FirstTokenClassifier):
+class GenericForSequenceClassification(FirstTokenClassifier, LabelledHead):
     """Sequence classification on each sequence's first token. The model's class builds its base model and the
     modules `classify` reads; the loss is transformers' (`self.loss_function`) unless the class overrides
-    `classification_loss`."""
+    `head_loss`."""
 
-    def classification_loss(self, logits, labels, **kwargs) -> torch.Tensor:
+    output_class = SequenceClassifierOutput
+
+    def head_logits(self, outputs, packing, attention_mask, position_ids) -> torch.Tensor:
+        return self.classify(first_token_states(outputs.last_hidden_state, packing))
+
+    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
         return self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> SequenceClassifierOutput | tuple:
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
-        logits = self.classify(first_token_states(outputs.last_hidden_state, packing))
-        loss = self.classification_loss(logits, labels, **kwargs) if labels is not None else None
-        return head_output(SequenceClassifierOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
 
 
 class GenericForMultipleChoice(FirstTokenClassifier):
@@ -614,26 +628,13 @@ class GenericForMultipleChoice(FirstTokenClassifier):
         return head_output(MultipleChoiceModelOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
 
 
-class GenericForMaskedLM(MaskedLMDecoderEmbeddings):
+class GenericForMaskedLM(MaskedLMDecoderEmbeddings, LabelledHead):
     """Masked language modelling with BERT's head at `self.cls` (`OnlyMLMHead`), run on the real tokens only."""
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MaskedLMOutput | tuple:
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
-        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, packing, attention_mask)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        return head_output(MaskedLMOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
+    output_class = MaskedLMOutput
+
+    def head_logits(self, outputs, packing, attention_mask, position_ids) -> torch.Tensor:
+        return run_on_real_tokens(self.cls, outputs.last_hidden_state, packing, attention_mask)
+
+    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
+        return self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)

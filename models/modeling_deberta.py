@@ -37,20 +37,19 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput, is_torchdynamo_compiling, logging
 
 from .attention import FLEX_BACKWARD_DEVICES, FusedKernelChoice, flex_attention_kernel, flex_attention_refusal
 from .configuration_deberta import DebertaConfig, parse_norm_rel_ebd
 from .heads import (
+    GenericForMaskedLM,
     GenericForMultipleChoice,
     GenericForQuestionAnswering,
     GenericForQuestionSpanSelection,
     GenericForSequenceClassification,
     GenericForTokenClassification,
-    MaskedLMDecoderEmbeddings,
-    head_output,
-    run_base_model,
+    LabelledHead,
 )
 from .inputs import check_inputs
 from .layers import Intermediate, ResidualOutput
@@ -1170,7 +1169,7 @@ LEGACY_MLM_KEY_MAPPING = {
 }
 
 
-class DebertaForMaskedLM(MaskedLMDecoderEmbeddings, DebertaPreTrainedModel):
+class DebertaForMaskedLM(GenericForMaskedLM, DebertaPreTrainedModel):
     _tied_weights_keys = {
         "lm_predictions.lm_head.decoder.weight": "deberta.embeddings.word_embeddings.weight",
         "lm_predictions.lm_head.decoder.bias": "lm_predictions.lm_head.bias",
@@ -1207,40 +1206,15 @@ class DebertaForMaskedLM(MaskedLMDecoderEmbeddings, DebertaPreTrainedModel):
     def prediction_head(self) -> nn.Module:
         return self.lm_predictions.lm_head
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MaskedLMOutput | tuple:
-        decoder = self.lm_predictions
-        if output_hidden_states is None:
-            output_hidden_states = self.config.output_hidden_states
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        all_states = True if decoder.steps else output_hidden_states
-        outputs, packing = run_base_model(self, *inputs, output_attentions, all_states, kwargs)
-        emd_inputs = {}
+    @property
+    def reads_hidden_states(self) -> bool:
+        return bool(self.lm_predictions.steps)  # the Enhanced Mask Decoder starts from the last layer's input
+
+    def head_logits(self, outputs, packing, attention_mask, position_ids) -> torch.Tensor:
+        decoder, emd_inputs = self.lm_predictions, {}
         if decoder.steps:
-            emd_inputs = dict(
-                deberta=self.deberta,
-                layer_input=outputs.hidden_states[-2],
-                position_ids=position_ids,
-            )
-        logits = decoder(outputs.last_hidden_state, attention_mask=attention_mask, packing=packing, **emd_inputs)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        hidden_states = outputs.hidden_states if output_hidden_states else None
-        return head_output(
-            MaskedLMOutput, outputs, self.config, return_dict, loss=loss, logits=logits, hidden_states=hidden_states
-        )
+            emd_inputs = dict(deberta=self.deberta, layer_input=outputs.hidden_states[-2], position_ids=position_ids)
+        return decoder(outputs.last_hidden_state, attention_mask=attention_mask, packing=packing, **emd_inputs)
 
 
 @dataclass
@@ -1279,9 +1253,11 @@ class DebertaMaskPredictionHead(nn.Module):
         return self.classifier(self.transform_act_fn(self.dense(states))).squeeze(-1)
 
 
-class DebertaForReplacedTokenDetection(DebertaPreTrainedModel):
+class DebertaForReplacedTokenDetection(LabelledHead, DebertaPreTrainedModel):
     """Replaced token detection (the ELECTRA-style objective of DeBERTa-v3): labels are 1 for replaced tokens, 0 for
     original ones; the loss is the mean binary cross-entropy over real (unpadded) tokens."""
+
+    output_class = DebertaForReplacedTokenDetectionOutput
 
     def __init__(self, config: DebertaConfig):
         super().__init__(config)
@@ -1289,31 +1265,15 @@ class DebertaForReplacedTokenDetection(DebertaPreTrainedModel):
         self.mask_predictions = DebertaMaskPredictionHead(config)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> DebertaForReplacedTokenDetectionOutput | tuple:
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
-        logits = self.mask_predictions(outputs.last_hidden_state, packing, attention_mask)
-        loss = None
-        if labels is not None:
-            labels = labels.to(logits.device)
-            active = labels != -100
-            if attention_mask is not None and attention_mask.dim() == 2:
-                active = active & attention_mask.to(device=logits.device, dtype=torch.bool)
-            loss = BCEWithLogitsLoss()(logits[active].float(), labels[active].float())
-        output_class = DebertaForReplacedTokenDetectionOutput
-        return head_output(output_class, outputs, self.config, return_dict, loss=loss, logits=logits)
+    def head_logits(self, outputs, packing, attention_mask, position_ids) -> torch.Tensor:
+        return self.mask_predictions(outputs.last_hidden_state, packing, attention_mask)
+
+    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
+        labels = labels.to(logits.device)
+        active = labels != -100
+        if attention_mask is not None and attention_mask.dim() == 2:
+            active = active & attention_mask.to(device=logits.device, dtype=torch.bool)
+        return BCEWithLogitsLoss()(logits[active].float(), labels[active].float())
 
 
 class DebertaContextPooler(nn.Module):
@@ -1377,7 +1337,7 @@ class DebertaForSequenceClassification(
         self.num_labels = config.num_labels
         self.add_classifier(config, config.num_labels)
 
-    def classification_loss(self, logits, labels, **kwargs) -> torch.Tensor:
+    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
         # not self.loss_function: DeBERTa's own loss ignores negative labels and takes soft labels
         return _sequence_classification_loss(self.config, logits, labels, self.num_labels)
 
@@ -1402,6 +1362,7 @@ class DebertaForMultipleChoice(DebertaPooledClassifier, GenericForMultipleChoice
         self.add_classifier(config, 1)
 
 
+# The names the posformers package exports from this file.
 __all__ = [
     "LEGACY_MLM_KEY_MAPPING",
     "DebertaForMaskedLM",
@@ -1414,8 +1375,4 @@ __all__ = [
     "DebertaForTokenClassification",
     "DebertaModel",
     "DebertaPreTrainedModel",
-    "gather_position_bias",
-    "log_bucket_position",
-    "position_score_tables",
-    "relative_positions",
 ]

@@ -1344,8 +1344,8 @@ class LittleBirdForQuestionSpanSelection(GenericForQuestionSpanSelection, Little
     base_model_class = LittleBirdModel
 
 
+# The names the posformers package exports from this file.
 __all__ = [
-    "BlockSparseLayout",
     "LittleBirdForMaskedLM",
     "LittleBirdForMultipleChoice",
     "LittleBirdForQuestionAnswering",
@@ -1355,8 +1355,4 @@ __all__ = [
     "LittleBirdModel",
     "LittleBirdModelOutput",
     "LittleBirdPreTrainedModel",
-    "alibi_slopes",
-    "bialibi_distances",
-    "unpack_sliding_window_attention",
-    "window_key_blocks",
 ]

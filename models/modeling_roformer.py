@@ -418,6 +418,7 @@ class RoFormerSelfAttention(nn.Module):
         attention_interface: Callable = eager_attention_forward
         if implementation not in (None, "eager"):
             attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        dropout = self.attention_dropout if self.training else 0.0
         context, weights = attention_interface(
             self,
             query,
@@ -425,7 +426,7 @@ class RoFormerSelfAttention(nn.Module):
             value,
             attention_mask,
             scaling=self.scaling,
-            dropout=self.attention_dropout if self.training else 0.0,
+            dropout=dropout,
             is_causal=is_causal,
             **kwargs,
         )
@@ -440,6 +441,7 @@ class RoFormerSelfAttention(nn.Module):
         dropout = self.attention_dropout if self.training else 0.0
         if "flash" in implementation and packing.num_tokens:  # no tokens (a batch of padding): the grouped path
             attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+            varlen = packing.varlen_kwargs()
             context, _ = attention_interface(
                 self,
                 query,
@@ -449,7 +451,7 @@ class RoFormerSelfAttention(nn.Module):
                 scaling=self.scaling,
                 dropout=dropout,
                 is_causal=False,
-                **packing.varlen_kwargs(),
+                **varlen,
                 **kwargs,
             )
             return context.flatten(2)
@@ -1158,6 +1160,7 @@ def convert_rope_layout(model: "RoFormerPreTrainedModel", target_layout: str) ->
     return model
 
 
+# The names the posformers package exports from this file.
 __all__ = [
     "RoFormerForCausalLM",
     "RoFormerForMaskedLM",
@@ -1167,9 +1170,6 @@ __all__ = [
     "RoFormerForSequenceClassification",
     "RoFormerForTokenClassification",
     "RoFormerModel",
-    "RoFormerPooler",
     "RoFormerPreTrainedModel",
-    "apply_rotary",
     "convert_rope_layout",
-    "rope_inverse_frequencies",
 ]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import site
 import subprocess
@@ -80,13 +81,14 @@ def test_wheel_requires_the_models_only_and_train_has_what_the_scripts_check(dis
     assert set(TRAIN_MODULES) <= requirement_names(requires, "train")
 
 
-def venv_without_extras(path: Path) -> Path:
-    """A fresh venv that sees this environment's packages except posformers and the train extra's, so installing the
-    wheel there needs no download (pip runs with --no-index: a core requirement that is missing fails it)."""
+def venv_without_extras(path: Path, train: bool = False) -> Path:
+    """A fresh venv that sees this environment's packages except posformers and (unless `train`) the train extra's,
+    so installing the wheel there needs no download (pip runs with --no-index: a requirement that is missing fails
+    it)."""
     run(sys.executable, "-m", "venv", "--without-pip", str(path)).check_returncode()
     visible = path / "visible-packages"
     visible.mkdir()
-    hidden = {name.replace("_", "-") for name in TRAIN_MODULES} | {"posformers"}
+    hidden = {"posformers"} | (set() if train else {name.replace("_", "-") for name in TRAIN_MODULES})
     for source in site.getsitepackages():
         for entry in Path(source).iterdir():
             top = re.split(r"[-.]", entry.name.lstrip("_").removeprefix("editable_"), maxsplit=1)[0].lower()
@@ -124,3 +126,25 @@ def test_wheel_installs_with_its_core_dependencies_and_a_script_names_its_missin
         "posformers.finetune needs the train extra (datasets, evaluate, accelerate not installed): "
         "pip install -e '.[train]' in a clone, or pip install 'posformers[train]' once released"
     ]
+
+
+@pytest.mark.slow
+def test_wheel_with_the_train_extra_fine_tunes_on_the_repositorys_sst2_files(dist, tmp_path):
+    bin_dir = venv_without_extras(tmp_path / "venv", train=True)
+    python = str(bin_dir / "python")
+    result = run(sys.executable, "-m", "pip", "--python", python, "install", "--no-index", f"{wheel(dist)}[train]")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sst2 = ROOT / "tests" / "data" / "glue" / "sst2"
+    glue = run(
+        str(bin_dir / "posformers-glue"),
+        *("--model_type", "posformers-roformer", "--tokenizer_name", str(ROOT / "finetune" / "demo_data" / "tokenizer")),
+        *("--config_overrides", "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"),
+        *("--task_name", "sst2", "--train_file", str(sst2 / "train.tsv"), "--validation_file", str(sst2 / "dev.tsv")),
+        *("--max_train_samples", "64", "--max_eval_samples", "32", "--max_steps", "4", "--do_train", "--do_eval"),
+        *("--per_device_train_batch_size", "8", "--report_to", "none", "--output_dir", str(tmp_path / "out")),
+        cwd=tmp_path,  # not the clone: the wheel's posformers runs
+    )
+    assert glue.returncode == 0, glue.stdout[-3000:] + glue.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert 0.0 <= results["eval_accuracy"] <= 1.0
+    assert str(tmp_path) in run(python, "-c", "import posformers; print(posformers.__file__)", cwd=tmp_path).stdout

@@ -223,16 +223,10 @@ def _card_body(model, repo_id: str | None, metadata: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def model_card(
-    model,
-    repo_id: str | None = None,
-    *,
-    license: str | None = None,
-    base_model: str | bool | None = None,
-    tags: Iterable[str] = (),
-) -> ModelCard:
-    """A new model card for `model`: the `card_metadata` YAML block, a short description and loading instructions."""
-    metadata = card_metadata(model, repo_id, license=license, base_model=base_model, tags=tags)
+def model_card(model, repo_id: str | None = None, **metadata_fields) -> ModelCard:
+    """A new model card for `model`: the `card_metadata` YAML block (`metadata_fields` are its keyword arguments), a
+    short description and loading instructions."""
+    metadata = card_metadata(model, repo_id, **metadata_fields)
     data = ModelCardData(**metadata).to_yaml(original_order=list(metadata))
     return ModelCard(f"---\n{data}\n---\n\n{_card_body(model, repo_id, metadata)}")
 
