@@ -558,6 +558,22 @@ class GenericForQuestionSpanSelection:
         )
 
 
+class ClassificationHead(nn.Module):
+    """Dropout, dense, activation, dropout and projection on the first token's states (RoBERTa's classification head;
+    transformers' RoFormer's with the model's activation): (sequences, hidden) -> (sequences, num_outputs)."""
+
+    def __init__(self, config, num_outputs: int, activation: str = "tanh"):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.out_proj = nn.Linear(config.hidden_size, num_outputs)
+        self.act = ACT2FN[activation]
+
+    def forward(self, first_token_states: torch.Tensor) -> torch.Tensor:
+        states = self.dropout(self.act(self.dense(self.dropout(first_token_states))))
+        return self.out_proj(states)
+
+
 class FirstTokenClassifier:
     """What the sequence-level heads classify: `classify` maps first-token states (sequences, hidden) to scores, by
     default with `self.classifier`; a model whose head reads more (a pooler, a dropout) overrides it."""

@@ -51,7 +51,7 @@ from .heads import (
     GenericForTokenClassification,
     LabelledHead,
 )
-from .inputs import check_inputs
+from .inputs import EncoderForward
 from .layers import Intermediate, ResidualOutput
 from .loading import CheckedLoadingMixin, checkpoint_names
 from .packing import AttentionGroup, PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
@@ -957,7 +957,7 @@ def attention_masks(attention_mask: torch.Tensor | None, device) -> tuple[torch.
     return mask.any(dim=-2), mask[:, None]
 
 
-class DebertaModel(DebertaPreTrainedModel):
+class DebertaModel(EncoderForward, DebertaPreTrainedModel):
     """The bare DeBERTa encoder, outputting hidden states.
 
     `with_positions` keeps the absolute position table even when it is not added to the input (the Enhanced Mask
@@ -971,45 +971,24 @@ class DebertaModel(DebertaPreTrainedModel):
         self.encoder = DebertaEncoder(config)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> BaseModelOutput | tuple:
-        config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        return_dict = return_dict if return_dict is not None else config.return_dict
-        inputs = dict(
-            input_ids=input_ids,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-        )
+    def input_rules(self) -> dict:
         reads_positions = hasattr(self.embeddings, "position_embeddings")
-        shape = check_inputs(
-            config,
-            inputs,
-            self.dtype,
-            embedding_size=config.embedding_size,
+        return dict(
+            dtype=self.dtype,
+            embedding_size=self.config.embedding_size,
             check_mask=check_mask,
-            position_limit=config.max_position_embeddings if reads_positions else None,
+            position_limit=self.config.max_position_embeddings if reads_positions else None,
         )
+
+    def encode(self, shape, inputs, output_attentions, output_hidden_states, **kwargs) -> BaseModelOutput:
+        config = self.config
+        input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = inputs
         device = input_ids.device if input_ids is not None else inputs_embeds.device
         packing = self.plan_packing(shape, attention_mask, position_ids, output_attentions, kwargs, device)
         if packing is not None:
-            output = self._packed_forward(
+            return self._packed_forward(
                 packing, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states, **kwargs
             )
-            return output if return_dict else output.to_tuple()
 
         seq_len = shape[1]
         if position_ids is None and config.position_biased_input:
@@ -1028,7 +1007,7 @@ class DebertaModel(DebertaPreTrainedModel):
         output.last_hidden_state = zero_padding(output.last_hidden_state, attention_mask)
         if output.hidden_states is not None:
             output.hidden_states = tuple(zero_padding(h, attention_mask) for h in output.hidden_states)
-        return output if return_dict else output.to_tuple()
+        return output
 
     def plan_packing(
         self, shape, attention_mask, position_ids, output_attentions, kwargs, device

@@ -44,6 +44,7 @@ from transformers.utils import is_torchdynamo_compiling, logging
 from .attention import FLEX_BACKWARD_DEVICES, FusedKernelChoice, flex_attention_kernel, flex_attention_refusal
 from .configuration_littlebird import LittleBirdConfig
 from .heads import (
+    ClassificationHead,
     GenericForMaskedLM,
     GenericForMultipleChoice,
     GenericForQuestionAnswering,
@@ -53,7 +54,7 @@ from .heads import (
     OnlyMLMHead,
     SpanSelectionTransform,
 )
-from .inputs import check_inputs, check_padding_mask, check_per_token
+from .inputs import EncoderForward, check_padding_mask, check_per_token
 from .layers import Intermediate, ResidualOutput
 from .loading import CheckedLoadingMixin
 from .packing import PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
@@ -1164,8 +1165,21 @@ def check_littlebird_mask(attention_mask: torch.Tensor, shape: tuple[int, int]) 
         )
 
 
-class LittleBirdModel(LittleBirdPreTrainedModel):
-    """The bare LittleBird encoder: final token states, plus the final pack states."""
+class LittleBirdModel(EncoderForward, LittleBirdPreTrainedModel):
+    """The bare LittleBird encoder: final token states, plus the final pack states.
+
+    `position_ids` only mark a flattened batch (one row whose positions restart at 0 per sequence, with the
+    `cu_seq_lens_q/k` and `max_length_q/k` of DataCollatorWithFlattening, popped from `kwargs`): LittleBird's
+    positions are the token indices.
+
+    Padding-free execution (`config.unpad_inputs`): embeddings, projections, feed-forward blocks and LayerNorms run
+    on the real tokens as one (1, N, d) row; the attentions run per example (`LittleBirdLayer.packed_attention`).
+    `last_hidden_state` and `hidden_states` come back as the input came: (B, L, d), or (1, N, d) for a flattened
+    batch; `pack_states` are (B, s, d), or (num_sequences, s, d) for a flattened batch. Per-token states hold
+    zeros at padded positions on both paths. Packing is ruled out ("auto": padded path; "always": an error) by
+    output_attentions, whose weights come in the padded blocked layout, and by padding between real tokens
+    (Padding Insertion).
+    """
 
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
@@ -1174,48 +1188,16 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         self.encoder = LittleBirdEncoder(config)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> LittleBirdModelOutput | tuple:
-        """`position_ids` only mark a flattened batch (one row whose positions restart at 0 per sequence, with the
-        `cu_seq_lens_q/k` and `max_length_q/k` of DataCollatorWithFlattening, popped from `kwargs`): LittleBird's
-        positions are the token indices.
-
-        Padding-free execution (`config.unpad_inputs`): embeddings, projections, feed-forward blocks and LayerNorms run
-        on the real tokens as one (1, N, d) row; the attentions run per example (`LittleBirdLayer.packed_attention`).
-        `last_hidden_state` and `hidden_states` come back as the input came: (B, L, d), or (1, N, d) for a flattened
-        batch; `pack_states` are (B, s, d), or (num_sequences, s, d) for a flattened batch. Per-token states hold
-        zeros at padded positions on both paths. Packing is ruled out ("auto": padded path; "always": an error) by
-        output_attentions, whose weights come in the padded blocked layout, and by padding between real tokens
-        (Padding Insertion).
-        """
-        config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        return_dict = return_dict if return_dict is not None else config.return_dict
-        inputs = dict(
-            input_ids=input_ids,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-        )
-        shape = check_inputs(
-            config,
-            inputs,
-            self.embeddings.LayerNorm.weight.dtype,
-            embedding_size=config.hidden_size,
+    def input_rules(self) -> dict:
+        return dict(
+            dtype=self.embeddings.LayerNorm.weight.dtype,
+            embedding_size=self.config.hidden_size,
             check_mask=check_littlebird_mask,
         )
+
+    def encode(self, shape, inputs, output_attentions, output_hidden_states, **kwargs) -> LittleBirdModelOutput:
+        config = self.config
+        input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = inputs
         cu_seq_lens = pop_cu_seq_lens(kwargs)
         blocker = (
             "output_attentions=True (the weights come in the padded blocked layout)" if output_attentions else None
@@ -1249,7 +1231,7 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         output.last_hidden_state = restore(output.last_hidden_state)
         if output_hidden_states:
             output.hidden_states = tuple(restore(states) for states in output.hidden_states)
-        return output if return_dict else output.to_tuple()
+        return output
 
 
 def _check_token_positions(position_ids: torch.Tensor, shape: tuple[int, int]) -> None:
@@ -1295,38 +1277,22 @@ class LittleBirdForMaskedLM(GenericForMaskedLM, LittleBirdPreTrainedModel):
         self.post_init()
 
 
-class LittleBirdClassificationHead(nn.Module):
-    """Dense + tanh + projection on the first token ([CLS]), as RoBERTa's classification head."""
-
-    def __init__(self, config: LittleBirdConfig, num_outputs: int):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.out_proj = nn.Linear(config.hidden_size, num_outputs)
-
-    def forward(self, first_token_states: torch.Tensor) -> torch.Tensor:
-        """first_token_states: (B, d), the [CLS] states (`first_token_states`)."""
-        x = self.dropout(first_token_states)
-        x = self.dropout(torch.tanh(self.dense(x)))
-        return self.out_proj(x)
-
-
 class LittleBirdForSequenceClassification(GenericForSequenceClassification, LittleBirdPreTrainedModel):
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.littlebird = LittleBirdModel(config)
-        self.classifier = LittleBirdClassificationHead(config, config.num_labels)
+        self.classifier = ClassificationHead(config, config.num_labels)
         self.post_init()
 
 
 class LittleBirdForMultipleChoice(GenericForMultipleChoice, LittleBirdPreTrainedModel):
-    """Multiple choice with `LittleBirdClassificationHead` on each choice's first token ([CLS])."""
+    """Multiple choice with `ClassificationHead` on each choice's first token ([CLS])."""
 
     def __init__(self, config: LittleBirdConfig):
         super().__init__(config)
         self.littlebird = LittleBirdModel(config)
-        self.classifier = LittleBirdClassificationHead(config, 1)
+        self.classifier = ClassificationHead(config, 1)
         self.post_init()
 
 

@@ -33,6 +33,7 @@ from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_roformer import RoFormerConfig
 from .heads import (
+    ClassificationHead,
     GenericForMaskedLM,
     GenericForMultipleChoice,
     GenericForQuestionAnswering,
@@ -1050,29 +1051,12 @@ class RoFormerForCausalLM(MaskedLMDecoderEmbeddings, RoFormerPreTrainedModel, Ge
         return maybe_tuple(result, return_dict, self.config)
 
 
-class RoFormerClassificationHead(nn.Module):
-    """Dense + activation + projection on the first token, as transformers' RoFormer does; takes the first tokens'
-    states, (sequences, hidden), as `first_token_states` reads them."""
-
-    def __init__(self, config: RoFormerConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
-        self.act = ACT2FN[config.hidden_act]
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(features)
-        x = self.dropout(self.act(self.dense(x)))
-        return self.out_proj(x)
-
-
 class RoFormerForSequenceClassification(GenericForSequenceClassification, RoFormerPreTrainedModel):
     def __init__(self, config: RoFormerConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.roformer = RoFormerModel(config)
-        self.classifier = RoFormerClassificationHead(config)
+        self.classifier = ClassificationHead(config, config.num_labels, config.hidden_act)
         self.post_init()
 
 
