@@ -11,12 +11,14 @@ checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import logging
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -48,6 +50,28 @@ RETIRED_FLAGS = {
     "--use_fast_tokenizer": "transformers 5 always loads the fast tokenizer (the flag is gone); leave it out",
 }
 _CHECKPOINT_DIR = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-\d+$")
+# The TrainingArguments options `--help` names (all of them: --help_all).
+COMMON_TRAINING_FLAGS = (
+    "--output_dir",
+    "--do_train",
+    "--do_eval",
+    "--do_predict",
+    "--num_train_epochs",
+    "--max_steps",
+    "--learning_rate",
+    "--per_device_train_batch_size",
+    "--per_device_eval_batch_size",
+    "--gradient_accumulation_steps",
+    "--eval_strategy",
+    "--save_strategy",
+    "--save_steps",
+    "--bf16",
+    "--fp16",
+    "--seed",
+    "--report_to",
+    "--push_to_hub",
+    "--resume_from_checkpoint",
+)
 # The end of every script's --help (finetune/errors.py, finetune/checkpoints.py).
 EXIT_STATUS_HELP = (
     "Exit status: 0 when done; 1 for bad input (one line says what); "
@@ -177,10 +201,16 @@ class RunArguments:
 
 
 def parse_arguments(dataclass_types: Iterable[type], argv: list[str] | None = None) -> tuple:
-    """HfArgumentParser over `dataclass_types`; `argv` may be CLI words or a single .json / .yaml file."""
+    """HfArgumentParser over `dataclass_types`; `argv` may be CLI words or a single .json / .yaml file. `--help`
+    lists the script's own options, a group per dataclass, and names the common TrainingArguments options;
+    `--help_all` lists every option."""
     dataclass_types = tuple(dataclass_types)
-    parser = HfArgumentParser(dataclass_types, epilog=EXIT_STATUS_HELP)
     argv = sys.argv[1:] if argv is None else [str(word) for word in argv]
+    if not {"-h", "--help"}.isdisjoint(argv):
+        print_script_help(dataclass_types)
+        raise SystemExit(0)
+    argv = ["--help" if word == "--help_all" else word for word in argv]
+    parser = HfArgumentParser(dataclass_types, epilog=EXIT_STATUS_HELP)
     if len(argv) == 1 and argv[0].endswith(".json"):
         parsed = parser.parse_json_file(json_file=os.path.abspath(argv[0]))
     elif len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
@@ -193,6 +223,27 @@ def parse_arguments(dataclass_types: Iterable[type], argv: list[str] | None = No
         if isinstance(arguments, TrainingArguments):
             check_mixed_precision(arguments)
     return tuple(parsed)
+
+
+def print_script_help(dataclass_types: tuple[type, ...]) -> None:
+    """The script's own options, grouped under each dataclass's first docstring line, then the training options."""
+    own = [types for types in dataclass_types if not issubclass(types, TrainingArguments)]
+    # for this help only: a subclass per dataclass that names its argument group (HfArgumentParser's documented hook)
+    grouped = [type(types.__name__, (types,), {"_argument_group_name": help_title(types)}) for types in own]
+    flags = ", ".join(COMMON_TRAINING_FLAGS)
+    training = f"Training: every option of transformers' TrainingArguments works, e.g. {flags}. --help_all lists all."
+    epilog = "\n\n".join(textwrap.fill(paragraph, width=100) for paragraph in (training, EXIT_STATUS_HELP))
+    usage = "%(prog)s [--option value ...]"
+    HfArgumentParser(grouped, usage=usage, epilog=epilog, formatter_class=HelpFormatter).print_help()
+
+
+def help_title(dataclass_type: type) -> str:
+    """The first line of a dataclass's docstring, without its final period."""
+    return (dataclass_type.__doc__ or dataclass_type.__name__).strip().splitlines()[0].rstrip(".")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """transformers' formatter (defaults shown) with the epilog as written (its paragraphs apart)."""
 
 
 def unknown_argument(dataclass_types: Iterable[type], unknown: list[str]) -> str:

@@ -123,3 +123,18 @@ def test_a_card_takes_the_license_of_the_weights(tmp_path):
     assert card_license("finetuned", model=["--model_name_or_path", str(base)]) == "mit"
     (base / "README.md").unlink()
     assert card_license("unknown", model=["--model_name_or_path", str(base)]) == "unknown"  # not invented
+
+
+def test_help_lists_the_scripts_own_options_first_and_help_all_every_option(capsys):
+    with pytest.raises(SystemExit) as done:
+        run_glue.main(["--help"])
+    assert done.value.code == 0
+    short = capsys.readouterr().out
+    titles = ["Which model, config and tokenizer", "What data to train and evaluate on", "Script options"]
+    positions = [short.index(title) for title in titles]
+    assert positions == sorted(positions), positions  # a group per dataclass, model first
+    assert "--task_name" in short and "--eval_strategy" in short and "--help_all" in short
+    assert "--adam_beta1" not in short and len(short.splitlines()) < 200
+    with pytest.raises(SystemExit) as done:
+        run_glue.main(["--help_all"])
+    assert done.value.code == 0 and "--adam_beta1" in capsys.readouterr().out
