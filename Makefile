@@ -58,8 +58,10 @@ NEWEST_TESTS := -m "not slow" tests/models/test_contracts.py tests/models/test_c
 	--deselect tests/models/test_littlebird.py::test_gradients_of_the_kernel_match_finite_differences \
 	--deselect tests/models/test_roformer.py::test_real_vocabularies_run_through_the_model
 
+# One pytest process per core (at most 4), each taking whole test files, so that a file's module fixtures are built
+# once; `pytest` alone runs the same tests in one process.
 test: $(STAMP) $(NEWEST_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadfile
 	$(NEWEST)/bin/python -m pytest -q $(NEWEST_TESTS)
 
 lint: $(STAMP)

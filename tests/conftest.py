@@ -14,6 +14,11 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 _POSFORMERS_LOG_LEVEL = logging.getLogger("posformers").level
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`: one pytest process per core, so one thread each
+    import torch
+
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def hub_server():

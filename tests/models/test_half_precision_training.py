@@ -4,7 +4,8 @@
 float16 with dynamic loss scaling (`torch.amp.GradScaler`) and in bfloat16, for masked-LM and sequence
 classification, every batch holding a row of padding only. Each run is checked against the same 100 steps in float32:
 no inf/NaN loss, finite gradients on every step the scaler keeps (and few skipped), finite logits on the padding row,
-and a loss curve that tracks float32's. The same for a DeBERTa masked LM with mDeBERTa's 251,000-token vocabulary.
+and a loss curve that tracks float32's. The same, over 30 steps, for a DeBERTa masked LM with mDeBERTa's 251,000-token
+vocabulary.
 
 The loop is the model-level one: on CPU, `Trainer(fp16=True)` trains in float32 (accelerate turns on fp16 autocast and
 its GradScaler only on accelerators and leaves `native_amp` off on CPU), so it would exercise nothing here.
@@ -57,8 +58,10 @@ def sst2_examples(count: int, max_tokens: int) -> tuple[tuple[tuple[int, ...], i
     return tuple((tuple(encode(sentence)["input_ids"]), int(label)) for sentence, label in rows[:count])
 
 
-def training_batches(task: str, rows: int = 3, max_tokens: int = 24, vocab_size: int | None = None, seed: int = 0):
-    """(vocab_size, STEPS batches): each batch `rows` SST-2 sentences, right-padded, plus a row of padding only
+def training_batches(
+    task: str, rows: int = 3, max_tokens: int = 24, vocab_size: int | None = None, seed: int = 0, steps: int = STEPS
+):
+    """(vocab_size, `steps` batches): each batch `rows` SST-2 sentences, right-padded, plus a row of padding only
     (attention mask all zeros, label -100). For "mlm", 15% of the inner tokens (at least one per sentence) become
     [MASK] and are the labels; for "classification", the sentence labels.
 
@@ -66,7 +69,7 @@ def training_batches(task: str, rows: int = 3, max_tokens: int = 24, vocab_size:
     small; with `vocab_size`, they are instead spread over a table of that size by a fixed random injection, so that
     the rows trained lie all over it."""
     generator = torch.Generator().manual_seed(seed)
-    examples = sst2_examples(STEPS * rows, max_tokens)
+    examples = sst2_examples(steps * rows, max_tokens)
     used = sorted({PAD_ID, MASK_ID}.union(*(ids for ids, _ in examples)))
     if vocab_size is None:
         vocab_size, targets = len(used), torch.arange(len(used))
@@ -74,7 +77,7 @@ def training_batches(task: str, rows: int = 3, max_tokens: int = 24, vocab_size:
         targets = torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(vocab_size - 1, generator=generator) + 1])
     renumber = dict(zip(used, targets[: len(used)].tolist()))  # [PAD] (id 0, first) stays 0 either way
     batches = []
-    for step in range(STEPS):
+    for step in range(steps):
         chunk = examples[step * rows : (step + 1) * rows]
         width = max(len(ids) for ids, _ in chunk)
         input_ids = torch.full((rows + 1, width), PAD_ID)
@@ -178,8 +181,8 @@ def test_hundred_steps_in_half_precision_track_float32(name, task, dtype, one_th
 # mDeBERTa's vocabulary matters in the masked-LM head (classification only looks rows up, as every DeBERTa does). The
 # head is the costly part on CPU, where float16 matrix products have no hardware support (one (256 x 32) @ (32 x
 # 251,000) product: 2.4 s in float16, 0.3 s in float32, 0.2 s in bfloat16): a step takes one sentence of at most 16
-# tokens and the padding row.
-MDEBERTA_BATCHES = dict(rows=1, max_tokens=16)
+# tokens and the padding row, for 30 steps (three of the 10-step windows the loss curves are compared over).
+MDEBERTA_BATCHES = dict(rows=1, max_tokens=16, steps=30)
 
 
 @pytest.mark.slow
