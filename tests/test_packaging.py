@@ -137,7 +137,7 @@ def test_wheel_with_the_train_extra_fine_tunes_on_the_repositorys_sst2_files(dis
     sst2 = ROOT / "tests" / "data" / "glue" / "sst2"
     glue = run(
         str(bin_dir / "posformers-glue"),
-        *("--model_type", "posformers-roformer", "--tokenizer_name", str(ROOT / "finetune" / "demo_data" / "tokenizer")),
+        *("--model_type", "posformers-roformer", "--tokenizer_name", str(ROOT / "finetune/demo_data/tokenizer")),
         *("--config_overrides", "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"),
         *("--task_name", "sst2", "--train_file", str(sst2 / "train.tsv"), "--validation_file", str(sst2 / "dev.tsv")),
         *("--max_train_samples", "64", "--max_eval_samples", "32", "--max_steps", "4", "--do_train", "--do_eval"),
