@@ -76,12 +76,10 @@ def classify(model_dir: Path) -> None:
     model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     print(f"reloaded with AutoModelForSequenceClassification as {type(model).__module__}.{type(model).__name__}")
-    names = {"0": "negative", "1": "positive"}
     with torch.no_grad():
         probabilities = model(**tokenizer(list(PROBES), padding=True, return_tensors="pt")).logits.softmax(-1)
-    for sentence, row in zip(PROBES, probabilities):
-        label = model.config.id2label[int(row.argmax())]
-        print(f"  {sentence!r} -> {names.get(label, label)} ({row.max().item():.2f})")
+    for sentence, row in zip(PROBES, probabilities):  # id2label holds SST-2's class names (posformers-glue)
+        print(f"  {sentence!r} -> {model.config.id2label[int(row.argmax())]} ({row.max().item():.2f})")
 
 
 def sst2_step(args, output_dir: Path) -> None:

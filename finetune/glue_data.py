@@ -61,6 +61,9 @@ class GlueTask:
     test_layout: TsvLayout
     submission: str  # file stem of the GLUE submission (test predictions)
     matched_mismatched: bool = False
+    # What the labels mean where the files write numbers (the class names of the Hub's nyu-mll/glue): the fine-tuned
+    # model's id2label, so that a pipeline answers "positive" rather than "1". Files and submissions keep the numbers.
+    class_names: tuple[str, ...] | None = None
 
     def split_files(self) -> dict[str, str]:
         """Split name -> official file name in a GLUE task folder."""
@@ -90,8 +93,17 @@ GLUE_TASKS = {
             TsvLayout(text=(3,), label=1, header=False),
             TsvLayout(text=(1,), label=None, index=0),
             "CoLA",
+            class_names=("unacceptable", "acceptable"),
         ),
-        GlueTask("sst2", ("sentence",), BINARY, TsvLayout(text=(0,), label=1), TsvLayout((1,), None, index=0), "SST-2"),
+        GlueTask(
+            "sst2",
+            ("sentence",),
+            BINARY,
+            TsvLayout(text=(0,), label=1),
+            TsvLayout((1,), None, index=0),
+            "SST-2",
+            class_names=("negative", "positive"),
+        ),
         GlueTask(
             "mrpc",
             ("sentence1", "sentence2"),
@@ -99,6 +111,7 @@ GLUE_TASKS = {
             TsvLayout(text=(3, 4), label=0),
             TsvLayout(text=(3, 4), label=None, index=0),
             "MRPC",
+            class_names=("not_equivalent", "equivalent"),
         ),
         GlueTask(
             "qqp",
@@ -107,6 +120,7 @@ GLUE_TASKS = {
             TsvLayout(text=(3, 4), label=5),
             PAIR_TEST_1_2,
             "QQP",
+            class_names=("not_duplicate", "duplicate"),
         ),
         GlueTask(
             "stsb",
@@ -127,7 +141,15 @@ GLUE_TASKS = {
         ),
         GlueTask("qnli", ("question", "sentence"), NLI_BINARY, PAIR_1_2, PAIR_TEST_1_2, "QNLI"),
         GlueTask("rte", ("sentence1", "sentence2"), NLI_BINARY, PAIR_1_2, PAIR_TEST_1_2, "RTE"),
-        GlueTask("wnli", ("sentence1", "sentence2"), BINARY, PAIR_1_2, PAIR_TEST_1_2, "WNLI"),
+        GlueTask(
+            "wnli",
+            ("sentence1", "sentence2"),
+            BINARY,
+            PAIR_1_2,
+            PAIR_TEST_1_2,
+            "WNLI",
+            class_names=("not_entailment", "entailment"),
+        ),
     )
 }
 

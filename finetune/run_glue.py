@@ -194,12 +194,17 @@ def is_classification_checkpoint(config) -> bool:
     return any(name.endswith("ForSequenceClassification") for name in (getattr(config, "architectures", None) or []))
 
 
-def align_with_checkpoint(config, tables: dict, label_names: tuple[str, ...] | None) -> tuple[str, ...] | None:
+def align_with_checkpoint(
+    config, tables: dict, label_names: tuple[str, ...] | None, task: GlueTask | None
+) -> tuple[str, ...] | None:
     """A checkpoint fine-tuned on the same label names in another order keeps its order: the data's label ids are
-    renumbered to the model's (e.g. an MNLI model trained with contradiction=0), so its head stays meaningful."""
+    renumbered to the model's (e.g. an MNLI model trained with contradiction=0), so its head stays meaningful. A
+    GLUE task's class names in the checkpoint ("negative", "positive") stand for the file labels they name."""
     if label_names is None or not is_classification_checkpoint(config):
         return label_names
     model_names = tuple(str(config.id2label[i]) for i in range(config.num_labels))
+    if task is not None and task.class_names and sorted(model_names) == sorted(task.class_names):
+        model_names = tuple(task.label_names[task.class_names.index(name)] for name in model_names)
     if model_names == label_names or sorted(model_names) != sorted(label_names):
         return label_names
     new_id = [model_names.index(name) for name in label_names]
@@ -226,6 +231,9 @@ def set_labels(config, label_names: tuple[str, ...] | None, task: GlueTask | Non
             f"({', '.join(map(str, config.id2label.values()))}); pass --ignore_mismatched_sizes to give it a new head",
             column="label",
         )
+    if task is not None and task.class_names and label_names and sorted(label_names) == sorted(task.label_names):
+        # the model carries what the file labels mean (SST-2: "0" -> "negative")
+        label_names = tuple(task.class_names[task.label_names.index(name)] for name in label_names)
     names = list(label_names) if label_names is not None else ["score"]
     config.id2label = dict(enumerate(names))
     config.label2id = {name: i for i, name in enumerate(names)}
@@ -307,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     regression = label_names is None
 
     config = load_config(model_args)
-    label_names = align_with_checkpoint(config, tables, label_names)
+    label_names = align_with_checkpoint(config, tables, label_names, task)
     config = set_labels(config, label_names, task, model_args)
     tokenizer = load_tokenizer(model_args)
     config = fit_config_to_tokenizer(config, tokenizer, model_args)

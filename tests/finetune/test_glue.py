@@ -542,7 +542,7 @@ def test_push_to_hub_uploads_the_fine_tuned_model(tmp_path, glue_dir, hub_server
     files = set(hub_server.list_files("user/tiny-sst2"))
     assert {"config.json", "model.safetensors", "tokenizer_config.json", "README.md"} <= files, files
     pushed = json.loads(hub_server.read_file("user/tiny-sst2", "config.json"))
-    assert pushed["model_type"] == "posformers-roformer" and pushed["id2label"] == {"0": "0", "1": "1"}
+    assert pushed["model_type"] == "posformers-roformer" and pushed["id2label"] == {"0": "negative", "1": "positive"}
     assert (
         hub_server.read_file("user/tiny-sst2", "model.safetensors")
         == (tmp_path / "out" / "model.safetensors").read_bytes()
@@ -581,7 +581,7 @@ def test_config_file_and_arguments_file(tmp_path, glue_dir):
     run_glue.main([str(tmp_path / "args.json")])
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (saved["model_type"], saved["hidden_size"], saved["embedding_size"]) == ("posformers-roformer", 32, 32)
-    assert saved["finetuning_task"] == "cola" and saved["id2label"] == {"0": "0", "1": "1"}
+    assert saved["finetuning_task"] == "cola" and saved["id2label"] == {"0": "unacceptable", "1": "acceptable"}
     assert saved["vocab_size"] == 30522  # the tokenizer's, not RoFormerConfig's default of 50000
 
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32}))
@@ -599,7 +599,7 @@ def test_a_checkpoint_keeps_its_label_order(tmp_path):
     model = posformers.RoFormerForSequenceClassification(config)
     model.save_pretrained(tmp_path / "rte-model")
     tables = tables_of(task_name="rte", data_dir=str(write_glue_task(tmp_path, "rte")))
-    assert run_glue.align_with_checkpoint(model.config, tables, GLUE_TASKS["rte"].label_names) == (
+    assert run_glue.align_with_checkpoint(model.config, tables, GLUE_TASKS["rte"].label_names, GLUE_TASKS["rte"]) == (
         "not_entailment",
         "entailment",
     )
@@ -609,6 +609,28 @@ def test_a_checkpoint_keeps_its_label_order(tmp_path):
     logits = np.array([[2.0, 0.0], [0.0, 2.0], [0.0, 2.0]])  # predicts not_entailment, entailment, entailment
     labels = np.array([0, 1, 0])  # not_entailment, entailment, not_entailment
     assert compute(EvalPrediction(predictions=logits, label_ids=labels)) == {"accuracy": pytest.approx(2 / 3)}
+
+
+def test_an_sst2_checkpoint_keeps_its_class_names_and_their_order(tmp_path):
+    """A model fine-tuned on SST-2 carries "negative"/"positive" for the files' 0/1; one saved with positive=0 is
+    fine-tuned further in its own order, its class names kept."""
+    config = posformers.RoFormerConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    config.id2label, config.label2id = {0: "positive", 1: "negative"}, {"positive": 0, "negative": 1}
+    posformers.RoFormerForSequenceClassification(config).save_pretrained(tmp_path / "sst2-model")
+    write_tsv(tmp_path / "train.tsv", "sentence\tlabel", ["a fine film\t1", "dull\t0"])
+    tables = tables_of(task_name="sst2", train_file=str(tmp_path / "train.tsv"))
+    sst2 = GLUE_TASKS["sst2"]
+    assert run_glue.align_with_checkpoint(config, tables, sst2.label_names, sst2) == ("1", "0")
+    assert tables["train"].labels == [0, 1]  # positive is the model's 0
+    model_args = run_glue.ModelArguments(model_name_or_path=str(tmp_path / "sst2-model"))
+    assert run_glue.set_labels(config, ("1", "0"), sst2, model_args).id2label == {0: "positive", 1: "negative"}
+    fresh = posformers.RoFormerConfig()
+    assert run_glue.set_labels(fresh, sst2.label_names, sst2, run_glue.ModelArguments()).id2label == {
+        0: "negative",
+        1: "positive",
+    }
 
 
 def test_dataset_name_reads_a_datasets_folder_like_the_hub_layout(tmp_path):

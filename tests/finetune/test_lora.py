@@ -78,7 +78,7 @@ def test_glue_lora_trains_an_adapter_that_loads_back_as_the_note_says(tmp_path, 
 
     one_step, merged_code = loading_code(output_dir)
     with_adapter, merged = run_note(one_step, tmp_path), run_note(merged_code, tmp_path)
-    assert with_adapter.config.id2label == {0: "0", 1: "1"}  # the run's label names, passed by the note
+    assert with_adapter.config.id2label == {0: "negative", 1: "positive"}  # the run's label names, passed by the note
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
     sentences = [row.rsplit("\t", 1) for row in rows[20001:20049]]
     batch = tokenizer([text for text, _ in sentences], padding=True, return_tensors="pt")

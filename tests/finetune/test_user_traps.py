@@ -138,3 +138,20 @@ def test_help_lists_the_scripts_own_options_first_and_help_all_every_option(caps
     with pytest.raises(SystemExit) as done:
         run_glue.main(["--help_all"])
     assert done.value.code == 0 and "--adam_beta1" in capsys.readouterr().out
+
+
+def test_a_glue_model_answers_with_the_tasks_label_names(tmp_path):
+    """SST-2 through the pipeline answered '1': the fine-tuned model now carries GLUE's class names, while the
+    files it read and the submission it writes keep GLUE's numbers."""
+    from transformers import pipeline
+
+    glue_main(
+        tmp_path,
+        *["--task_name", "sst2", "--train_file", str(GLUE_DIR / "sst2" / "train.tsv"), "--max_train_samples", "16"],
+        *["--test_file", str(GLUE_DIR / "sst2" / "dev.tsv"), "--max_predict_samples", "4"],
+        *["--do_train", "--do_predict", "--max_steps", "1"],
+    )
+    classify = pipeline("text-classification", model=str(tmp_path / "out"))
+    assert classify("a gorgeous , witty , seductive movie .")[0]["label"] in {"negative", "positive"}
+    submission = (tmp_path / "out" / "SST-2.tsv").read_text().splitlines()
+    assert submission[0] == "index\tprediction" and {line.split("\t")[1] for line in submission[1:]} <= {"0", "1"}
