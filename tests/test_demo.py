@@ -18,6 +18,15 @@ def test_demo_trains_reloads_classifies_and_answers(tmp_path, capsys):
     out = tmp_path / "demo"
     demo.main(["--output-dir", str(out), "--epochs", "1", "--train-samples", "256", "--qa-epochs", "1"])
     printed = capsys.readouterr().out
+    # a second run with the same seeds ends with the same numbers (the docs state what a run gives)
+    again = tmp_path / "again"
+    demo.main(["--output-dir", str(again), "--epochs", "1", "--train-samples", "256", "--qa-epochs", "1"])
+    for step in ("sst2-roformer", "qa-littlebird"):
+        first, second = (json.loads((run / step / "eval_results.json").read_text()) for run in (out, again))
+        assert {k: v for k, v in first.items() if "runtime" not in k and "per_second" not in k} == {
+            k: v for k, v in second.items() if "runtime" not in k and "per_second" not in k
+        }, step
+    capsys.readouterr()
 
     accuracy = float(re.search(r"SST-2 dev accuracy (\d\.\d+)", printed).group(1))
     saved = json.loads((out / "sst2-roformer" / "eval_results.json").read_text())
