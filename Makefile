@@ -59,9 +59,9 @@ NEWEST_TESTS := -m "not slow" tests/models/test_contracts.py tests/models/test_c
 	--deselect tests/models/test_roformer.py::test_real_vocabularies_run_through_the_model
 
 # One pytest process per core (at most 4), each taking whole test files, so that a file's module fixtures are built
-# once; `pytest` alone runs the same tests in one process.
+# once; `pytest` alone runs the same tests in one process. The 25 slowest tests are listed at the end.
 test: $(STAMP) $(NEWEST_STAMP)
-	$(BIN)/python -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadfile
+	$(BIN)/python -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadfile --durations 25
 	$(NEWEST)/bin/python -m pytest -q $(NEWEST_TESTS)
 
 lint: $(STAMP)
