@@ -166,6 +166,14 @@ ID_COLUMNS = ("idx", "index", "id", "guid")
 LABEL_COLUMN = "label"
 
 
+def rename_labels(names, source, target):
+    """`names` with each replaced by its counterpart (same position) in `target`, where `names` are exactly `source`'s
+    in some order; otherwise `names` as they are. Between a GLUE task's file labels and its class names."""
+    if not source or not target or not names or sorted(names) != sorted(source):
+        return names
+    return tuple(target[source.index(name)] for name in names)
+
+
 def get_task(name: str) -> GlueTask:
     if name.lower() not in GLUE_TASKS:
         raise DataError(f"--task_name {name!r}: unknown task; GLUE tasks: {', '.join(GLUE_TASKS)}")

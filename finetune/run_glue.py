@@ -50,7 +50,7 @@ from . import metrics
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
 from .distributed import attach, exit_on_lost_process, prepare_processes
 from .errors import DataError, exit_on_data_error
-from .glue_data import GlueTask, Table, get_task, read_files, read_hub, split_files, submission_name
+from .glue_data import GlueTask, Table, get_task, read_files, read_hub, rename_labels, split_files, submission_name
 from .glue_metrics import TASK_METRICS
 from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
 from .lora import apply_lora
@@ -203,8 +203,8 @@ def align_with_checkpoint(
     if label_names is None or not is_classification_checkpoint(config):
         return label_names
     model_names = tuple(str(config.id2label[i]) for i in range(config.num_labels))
-    if task is not None and task.class_names and sorted(model_names) == sorted(task.class_names):
-        model_names = tuple(task.label_names[task.class_names.index(name)] for name in model_names)
+    if task is not None:
+        model_names = rename_labels(model_names, task.class_names, task.label_names)
     if model_names == label_names or sorted(model_names) != sorted(label_names):
         return label_names
     new_id = [model_names.index(name) for name in label_names]
@@ -231,9 +231,8 @@ def set_labels(config, label_names: tuple[str, ...] | None, task: GlueTask | Non
             f"({', '.join(map(str, config.id2label.values()))}); pass --ignore_mismatched_sizes to give it a new head",
             column="label",
         )
-    if task is not None and task.class_names and label_names and sorted(label_names) == sorted(task.label_names):
-        # the model carries what the file labels mean (SST-2: "0" -> "negative")
-        label_names = tuple(task.class_names[task.label_names.index(name)] for name in label_names)
+    if task is not None:  # the model carries what the file labels mean (SST-2: "0" -> "negative")
+        label_names = rename_labels(label_names, task.label_names, task.class_names)
     names = list(label_names) if label_names is not None else ["score"]
     config.id2label = dict(enumerate(names))
     config.label2id = {name: i for i, name in enumerate(names)}

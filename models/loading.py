@@ -74,13 +74,7 @@ def weight_files(name_or_path, kwargs: dict) -> list[str]:
 
 def indexed_files(index: str, name_or_path, kwargs: dict) -> list[str]:
     """The shards a `*.index.json` names, all present; else a CheckpointError naming the index and what is wrong."""
-    try:
-        with open(index, encoding="utf-8") as file:
-            shards = list(dict.fromkeys(json.load(file)["weight_map"].values()))
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise CheckpointError(
-            f"{index}: not a valid shard index (a JSON object with a 'weight_map'): {error}"
-        ) from None
+    shards = list(dict.fromkeys(weight_map(index).values()))
     files = [local_file(name_or_path, shard, kwargs) for shard in shards]
     if missing := [shard for shard, file in zip(shards, files) if file is None]:
         raise CheckpointError(
@@ -88,6 +82,20 @@ def indexed_files(index: str, name_or_path, kwargs: dict) -> list[str]:
             f"({len(shards) - len(missing)} of {len(shards)} present); download the checkpoint again"
         )
     return files
+
+
+def weight_map(index: str) -> dict[str, str]:
+    """A shard index's tensor name -> shard file map; a CheckpointError where the index is not one."""
+    try:
+        with open(index, encoding="utf-8") as file:
+            names = json.load(file)["weight_map"]
+        if not isinstance(names, dict):
+            raise TypeError(f"'weight_map' is a {type(names).__name__}")
+        return names
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(
+            f"{index}: not a valid shard index (a JSON object with a 'weight_map'): {error}"
+        ) from None
 
 
 def safetensors_header(path: str) -> dict:
@@ -131,17 +139,13 @@ def safetensors_header(path: str) -> dict:
 def checkpoint_names(name_or_path, kwargs: dict) -> set[str]:
     """The tensor names of a checkpoint whose safetensors files are on this machine (from their headers or the shard
     index); empty where there are none (pickled weights, or Hub files not downloaded yet)."""
-    if (index := local_file(name_or_path, SAFETENSORS_INDEX, kwargs)) is not None:
-        try:
-            with open(index, encoding="utf-8") as file:
-                return set(json.load(file)["weight_map"])
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-            return set()  # transformers' load reports it, and explain_load_error names it
-    if (single := local_file(name_or_path, SAFETENSORS_WEIGHTS, kwargs)) is not None:
-        try:
+    try:
+        if (index := local_file(name_or_path, SAFETENSORS_INDEX, kwargs)) is not None:
+            return set(weight_map(index))
+        if (single := local_file(name_or_path, SAFETENSORS_WEIGHTS, kwargs)) is not None:
             return set(safetensors_header(single))
-        except CheckpointError:
-            return set()
+    except CheckpointError:  # the load itself reports it, and explain_load_error names it
+        pass
     return set()
 
 

@@ -1184,8 +1184,9 @@ class DebertaForMaskedLM(GenericForMaskedLM, DebertaPreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        names = checkpoint_names(pretrained_model_name_or_path, kwargs)
-        if "key_mapping" not in kwargs and any(name.startswith("cls.predictions.") for name in names):
+        if "key_mapping" not in kwargs and any(
+            name.startswith("cls.predictions.") for name in checkpoint_names(pretrained_model_name_or_path, kwargs)
+        ):
             logger.warning(
                 f"{pretrained_model_name_or_path}: transformers' legacy MLM head (cls.predictions.*), loaded with "
                 "LEGACY_MLM_KEY_MAPPING and emd_steps=0"
