@@ -1,5 +1,6 @@
-"""What the three configurations share: field checks with one-line errors naming the field, and the loading
-classmethods (`from_pretrained`, `from_dict`, `from_preset`) of `PresetConfigMixin`.
+"""What the three configurations share: `EncoderConfig`, their base, with the fields every posformers encoder has,
+their checks (one-line errors naming the field) and the loading classmethods (`from_pretrained`, `from_dict`,
+`from_preset`).
 
 A sibling of the configuration files: `save_pretrained` copies it with them for `trust_remote_code` users, so it
 imports only the standard library and transformers.
@@ -7,8 +8,10 @@ imports only the standard library and transformers.
 
 import math
 import os
+from typing import ClassVar
 
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
 
 UNPAD_MODES = ("auto", "always", "never")
 QA_HEADS = ("linear", "span_selection")
@@ -41,7 +44,9 @@ def check_number(label: str, value, minimum: float = 0.0, inclusive: bool = Fals
         or value < minimum
         or (value == minimum and not inclusive)
     ):
-        bound = f"a number >= {minimum:g}" if inclusive else "positive" if minimum == 0 else f"a number > {minimum:g}"
+        if minimum == 0 and not inclusive:
+            raise ValueError(f"{label} must be positive and finite, got {value!r}")
+        bound = f"a number >= {minimum:g}" if inclusive else f"a number > {minimum:g}"
         raise ValueError(f"{label} must be {bound} (a finite int or float), got {value!r}")
 
 
@@ -63,16 +68,21 @@ def check_choice(config: PreTrainedConfig, name: str, allowed: tuple) -> None:
         raise ValueError(f"{type(config).__name__}.{name} must be one of {allowed}, got {getattr(config, name)!r}")
 
 
-def check_common_fields(config: PreTrainedConfig) -> None:
-    """The fields every posformers config has: sizes, dropouts, special tokens, padding-free mode and QA head."""
-    for name in SIZE_FIELDS:
-        check_integer(config, name)
-    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-        check_probability(config, name)
-    for name in ("pad_token_id", "question_token_id"):
-        check_token_id(config, name)
-    check_choice(config, "unpad_inputs", UNPAD_MODES)
-    check_choice(config, "qa_head", QA_HEADS)
+def check_activation(config: PreTrainedConfig, name: str) -> None:
+    """`config.<name>` must name an activation of transformers' `ACT2FN`."""
+    value = getattr(config, name)
+    if not isinstance(value, str) or value not in ACT2FN:
+        raise ValueError(
+            f"{type(config).__name__}.{name} must be the name of an activation in transformers' ACT2FN, got {value!r}"
+        )
+
+
+def check_flags(config: PreTrainedConfig, names) -> None:
+    """Each `config.<name>` of `names` must be True or False: a string "false" from a hand-written config.json would
+    read as true."""
+    for name in names:
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"{type(config).__name__}.{name} must be True or False, got {getattr(config, name)!r}")
 
 
 def config_file_error(name_or_path, kwargs: dict, error: Exception) -> Exception:
@@ -86,11 +96,79 @@ def config_file_error(name_or_path, kwargs: dict, error: Exception) -> Exception
     return ValueError(f"{name_or_path}: {error}")
 
 
-class PresetConfigMixin:
-    """Loading for a posformers config: errors that name the config.json, model_types transformers does not know
-    refused, and `from_preset`. A subclass sets `presets`, its published sizes (name -> field overrides)."""
+class EncoderConfig(PreTrainedConfig):
+    r"""
+    The base of the three posformers configs: the fields every posformers encoder has (BERT's, with BERT's meanings,
+    plus the ones below), checked on creation and again when a model is built, and the loading classmethods. A
+    subclass sets `model_type`, `presets` (its published sizes: name -> field overrides), `default_auto_map` (its
+    AUTO_MAP, which `save_pretrained` writes into config.json for `trust_remote_code` users), its own fields
+    (redeclaring a field changes its default) and `validate_fields` for them.
 
-    presets = {}
+    Args (beyond BERT's):
+        unpad_inputs (`str`, defaults to `"auto"`): padding-free execution of padded batches. `"auto"` runs the
+            embeddings, projections, feed-forward blocks and norms on the real tokens only when the 2D attention_mask
+            holds padding and nothing in the pass rules it out (output_attentions, a left-padded or 3D mask; each
+            model's config says what else); `"always"` packs every pass and raises where it cannot; `"never"` keeps
+            the padded path. Outputs at real tokens are the same in every mode; padded positions of per-token outputs
+            hold zeros on every path. A flattened batch (transformers' `DataCollatorWithFlattening`: one row,
+            position_ids restarting at 0 per sequence) is always run padding-free, one sequence at a time.
+        question_token_id (`int`, *optional*): the `[QUESTION]` token of question-aware span selection (Splinter's
+            QASS head, the model's `...ForQuestionSpanSelection`, and the recurring span selection pre-training of
+            `posformers-pretrain --objective rss`, which adds the token to the tokenizer and sets this field).
+        qa_head (`str`, defaults to `"linear"`): the head of the model's `...ForQuestionAnswering`. `"linear"`: start
+            and end logits from a linear layer on every token. `"span_selection"`: the QASS head of
+            `...ForQuestionSpanSelection`, under the same name, so a span-selection checkpoint fine-tunes with every
+            head weight; each example then holds exactly one `question_token_id` token, after the question (as in
+            Splinter), whose state asks for the answer span.
+    """
+
+    presets: ClassVar[dict] = {}
+    default_auto_map: ClassVar[dict] = {}
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float | int = 0.1
+    attention_probs_dropout_prob: float | int = 0.1
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    tie_word_embeddings: bool = True
+    unpad_inputs: str = "auto"
+    question_token_id: int | None = None
+    qa_head: str = "linear"
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.validate_fields()
+        self.auto_map = {**self.default_auto_map, **(getattr(self, "auto_map", None) or {})}
+
+    def validate_fields(self):
+        """Check every field; runs on creation and again when a model is built (fields may change in between). A
+        subclass checks its own fields after these."""
+        name = type(self).__name__
+        for size in SIZE_FIELDS:
+            check_integer(self, size)
+        check_integer(self, "type_vocab_size", 0)
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"{name}.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        for dropout in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            check_probability(self, dropout)
+        for token in ("pad_token_id", "question_token_id"):
+            check_token_id(self, token)
+        # a zero epsilon divides by zero on a constant row (a padded position); a negative std initialises nothing
+        check_number(f"{name}.layer_norm_eps", self.layer_norm_eps)
+        check_number(f"{name}.initializer_range", self.initializer_range, inclusive=True)
+        check_activation(self, "hidden_act")
+        check_choice(self, "unpad_inputs", UNPAD_MODES)
+        check_choice(self, "qa_head", QA_HEADS)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):

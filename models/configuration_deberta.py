@@ -14,11 +14,16 @@ Field names and meanings are those of the official `config.json` files (and of t
 under either name would silently load as transformers' classes.
 """
 
-from transformers import PreTrainedConfig
-from transformers.activations import ACT2FN
 from transformers.utils import logging
 
-from .configuration_common import PresetConfigMixin, check_choice, check_common_fields, check_integer, check_probability
+from .configuration_common import (
+    EncoderConfig,
+    check_activation,
+    check_choice,
+    check_flags,
+    check_integer,
+    check_probability,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -161,17 +166,12 @@ def pooler_fields(config: dict, repository_format: bool) -> dict:
     return {**config, **{name: value for name, value in fields.items() if value is not None}}
 
 
-def is_real(value) -> bool:
-    """Whether `value` is an int or a float (a bool is neither here)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def parse_norm_rel_ebd(value) -> list[str]:
     """ "layer_norm", "none" or "none|layer_norm" (official syntax) -> the list of entries."""
     return [entry.strip().lower() for entry in str(value or "none").split("|") if entry.strip()]
 
 
-class DebertaConfig(PresetConfigMixin, PreTrainedConfig):
+class DebertaConfig(EncoderConfig):
     r"""
     Configuration of a posformers DeBERTa model (v1, v2 or v3). Defaults give microsoft/deberta-v3-base;
     `DebertaConfig.from_preset(name)` gives the other published sizes.
@@ -216,36 +216,15 @@ class DebertaConfig(PresetConfigMixin, PreTrainedConfig):
             the last encoder layer (the official code: 2). 0 turns the EMD off (the LM head reads the encoder output,
             as transformers' DebertaForMaskedLM does). The EMD exists only when `position_biased_input` is `False`,
             as in the official code.
-        unpad_inputs (`str`, defaults to `"auto"`): whether a padded batch runs padding-free, its real tokens packed
-            into one row with attention per sequence (`"auto"`: when the 2D attention_mask holds padding and nothing
-            in the pass rules it out, such as output_attentions or a left-padded or 3D mask; `"always"`: every pass,
-            raising when ruled out; `"never"`: the padded path). Outputs at real tokens are the same either way;
-            padded positions of `last_hidden_state` are zeros. A flattened batch (one row whose position_ids restart
-            at 0, as `DataCollatorWithFlattening` builds it) always runs padding-free.
-        question_token_id (`int`, *optional*): the `[QUESTION]` token of question-aware span selection (Splinter's
-            QASS head, `DebertaForQuestionSpanSelection`, and the recurring span selection pre-training of
-            `posformers-pretrain --objective rss`, which adds the token to the tokenizer and sets this field).
-        qa_head (`str`, defaults to `"linear"`): the head of `DebertaForQuestionAnswering`. `"linear"`: start and end
-            logits from a linear layer on every token. `"span_selection"`: the QASS head of
-            `DebertaForQuestionSpanSelection`, under the same name, so a span-selection checkpoint fine-tunes with
-            every head weight; each example then holds exactly one `question_token_id` token, after the question
-            (as in Splinter), whose state asks for the answer span.
     """
 
     model_type = "posformers-deberta"
     presets = PRESETS
+    default_auto_map = AUTO_MAP
 
     vocab_size: int = 128100
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float | int = 0.1
-    attention_probs_dropout_prob: float | int = 0.1
     max_position_embeddings: int = 512
     type_vocab_size: int = 0
-    initializer_range: float = 0.02
     layer_norm_eps: float = 1e-7
     relative_attention: bool = True
     max_relative_positions: int = -1
@@ -263,15 +242,10 @@ class DebertaConfig(PresetConfigMixin, PreTrainedConfig):
     pooler_dropout: float | int = 0.0
     pooler_hidden_act: str = "gelu"
     cls_dropout: float | int | None = None
-    pad_token_id: int | None = 0
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
-    tie_word_embeddings: bool = True
     projection_layout: str = "separate"
     emd_steps: int = 2
-    unpad_inputs: str = "auto"
-    question_token_id: int | None = None
-    qa_head: str = "linear"
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # an official "deberta" / "deberta-v2" config.json becomes ours
@@ -281,8 +255,6 @@ class DebertaConfig(PresetConfigMixin, PreTrainedConfig):
         if self.pooler_hidden_size is None:
             self.pooler_hidden_size = self.hidden_size
         super().__post_init__(**kwargs)
-        self.validate_fields()
-        self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
@@ -320,8 +292,7 @@ class DebertaConfig(PresetConfigMixin, PreTrainedConfig):
         return not self.position_biased_input and self.emd_steps > 0
 
     def validate_fields(self):
-        """Check every field; runs on creation and again when a model is built (fields may change in between)."""
-        check_common_fields(self)
+        super().validate_fields()
         for name in ("max_position_embeddings", "embedding_size", "pooler_hidden_size"):
             check_integer(self, name)
         if getattr(self, "talking_head", False):
@@ -329,7 +300,7 @@ class DebertaConfig(PresetConfigMixin, PreTrainedConfig):
                 "DebertaConfig.talking_head is not supported: the talking-heads projections of early official DeBERTa "
                 "releases (head_logits_proj, head_weights_proj) are not implemented; set talking_head to false"
             )
-        for name in ("type_vocab_size", "conv_kernel_size", "emd_steps"):
+        for name in ("conv_kernel_size", "emd_steps"):
             check_integer(self, name, 0)
         check_integer(self, "max_relative_positions", -1)
         check_integer(self, "position_buckets", -1)
@@ -343,21 +314,9 @@ class DebertaConfig(PresetConfigMixin, PreTrainedConfig):
         check_probability(self, "pooler_dropout")
         if self.cls_dropout is not None:  # None means hidden_dropout_prob
             check_probability(self, "cls_dropout")
-        # a zero epsilon divides by zero on a constant row (a padded position); a negative std initialises nothing
-        if not is_real(self.layer_norm_eps) or self.layer_norm_eps <= 0:
-            raise ValueError(f"DebertaConfig.layer_norm_eps must be a number > 0, got {self.layer_norm_eps!r}")
-        if not is_real(self.initializer_range) or self.initializer_range < 0:
-            raise ValueError(f"DebertaConfig.initializer_range must be a number >= 0, got {self.initializer_range!r}")
-        for name in ("relative_attention", "share_att_key", "position_biased_input"):
-            # a string "false" from a hand-written config.json would read as true
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"DebertaConfig.{name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("hidden_act", "pooler_hidden_act", "conv_act"):
-            if not isinstance(getattr(self, name), str) or getattr(self, name) not in ACT2FN:
-                raise ValueError(
-                    f"DebertaConfig.{name} must name an activation of transformers.activations.ACT2FN, "
-                    f"got {getattr(self, name)!r}"
-                )
+        check_flags(self, ("relative_attention", "share_att_key", "position_biased_input"))
+        check_activation(self, "pooler_hidden_act")
+        check_activation(self, "conv_act")
         check_choice(self, "projection_layout", PROJECTION_LAYOUTS)
         self._validate_relative_attention()
         if self.conv_kernel_size > 0:

@@ -9,10 +9,7 @@ the architecture, with every decision marked, is described in `modeling_littlebi
 import contextlib
 import math
 
-from transformers import PreTrainedConfig
-from transformers.activations import ACT2FN
-
-from .configuration_common import QA_HEADS, UNPAD_MODES, PresetConfigMixin, check_common_fields, check_integer
+from .configuration_common import QA_HEADS, UNPAD_MODES, EncoderConfig, check_integer
 
 # Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
 # `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
@@ -36,17 +33,7 @@ PRESETS = {
 }
 
 
-def check_finite_number(config: PreTrainedConfig, name: str, positive: bool = False) -> None:
-    """`config.<name>` must be a finite number (not a bool), > 0 with `positive`, else >= 0; the error names the field.
-    A NaN epsilon or initializer_range would otherwise reach the LayerNorms or torch's init as it is."""
-    value = getattr(config, name)
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not is_number or value < 0 or (positive and value == 0):
-        kind = "positive and finite" if positive else "a finite number >= 0"
-        raise ValueError(f"{type(config).__name__}.{name} must be {kind}, got {value!r}")
-
-
-class LittleBirdConfig(PresetConfigMixin, PreTrainedConfig):
+class LittleBirdConfig(EncoderConfig):
     r"""
     Configuration of a LittleBird model. Defaults give `littlebird-base`; `LittleBirdConfig.from_preset(name)` gives
     the other size.
@@ -77,75 +64,27 @@ class LittleBirdConfig(PresetConfigMixin, PreTrainedConfig):
     The last layer computes no pack update P' (nothing reads it): its pack attention has no LayerNorm, so every
     parameter gets a gradient and plain DDP (`find_unused_parameters=False`) works; the model's `pack_states` are the
     pack states the last layer read.
-        unpad_inputs (`str`, defaults to `"auto"`): padding-free execution of padded batches. `"auto"` runs the
-            embeddings, projections, feed-forward blocks and LayerNorms on the real tokens only when the 2D
-            attention_mask holds right padding (the attentions stay per example: blocks, BiALiBi, pack states), and
-            the padded path otherwise, or when `output_attentions` or padding between real tokens (Padding Insertion)
-            rules packing out; `"always"` packs every pass and raises where it cannot; `"never"` keeps the padded
-            path. Outputs at real tokens are the same in every mode. A flattened batch (DataCollatorWithFlattening:
-            one row, position_ids restarting at 0 per sequence) is always run packed, one sequence at a time.
-        question_token_id (`int`, *optional*): the `[QUESTION]` token of question-aware span selection (Splinter's
-            QASS head, `LittleBirdForQuestionSpanSelection`, and the recurring span selection pre-training of
-            `posformers-pretrain --objective rss`, which adds the token to the tokenizer and sets this field).
-        qa_head (`str`, defaults to `"linear"`): the head of `LittleBirdForQuestionAnswering`. `"linear"`: start and end
-            logits from a linear layer on every token. `"span_selection"`: the QASS head of
-            `LittleBirdForQuestionSpanSelection`, under the same name, so a span-selection checkpoint fine-tunes with
-            every head weight; each example then holds exactly one `question_token_id` token, after the question
-            (as in Splinter), whose state asks for the answer span.
     """
 
     model_type = "littlebird"
     presets = PRESETS
+    default_auto_map = AUTO_MAP
 
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-12
-    pad_token_id: int | None = 0
     block_size: int = 64
     pack_length: int = 64
     bialibi_init: str | float = "alibi"
     global_prefix_length: int = 1
-    unpad_inputs: str = "auto"
-    tie_word_embeddings: bool = True
     is_decoder: bool = False
     add_cross_attention: bool = False
-    question_token_id: int | None = None
-    qa_head: str = "linear"
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        self.validate_fields()
-        self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
 
     def validate_fields(self):
-        """Check every field; runs on creation and again when a model is built (fields may change in between)."""
-        check_common_fields(self)
+        super().validate_fields()
         for name in ("block_size", "pack_length", "global_prefix_length"):
             check_integer(self, name)
         if self.global_prefix_length > self.block_size:
             raise ValueError(
                 f"LittleBirdConfig.global_prefix_length ({self.global_prefix_length}) must be at most block_size "
                 f"({self.block_size}): the distance-free prefix must lie in block 0, which every query block attends"
-            )
-        if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
-                f"LittleBirdConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                f"({self.num_attention_heads})"
-            )
-        check_integer(self, "type_vocab_size", 0)
-        check_finite_number(self, "layer_norm_eps", positive=True)
-        check_finite_number(self, "initializer_range")
-        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
-            raise ValueError(
-                f"LittleBirdConfig.hidden_act must be one of transformers' activations, got {self.hidden_act!r}"
             )
         init = self.bialibi_init
         if isinstance(init, str) and init not in BIALIBI_INITS:

@@ -12,12 +12,11 @@ Field names and meanings follow transformers' `RoFormerConfig`, so a `config.jso
 with that name would silently load as transformers' class.
 """
 
-from transformers import PreTrainedConfig
-
 from .configuration_common import (
-    PresetConfigMixin,
+    EncoderConfig,
+    check_activation,
     check_choice,
-    check_common_fields,
+    check_flags,
     check_integer,
     check_number,
 )
@@ -88,7 +87,7 @@ def rope_parameters_dict(value) -> dict:
     return dict(value or {})
 
 
-class RoFormerConfig(PresetConfigMixin, PreTrainedConfig):
+class RoFormerConfig(EncoderConfig):
     r"""
     Configuration of a posformers RoFormer model. Defaults give junnyu/roformer_chinese_base.
 
@@ -127,47 +126,22 @@ class RoFormerConfig(PresetConfigMixin, PreTrainedConfig):
             ones attend causally, and `generate` gives the tokens it generates token type 1 (UniLM-style
             seq2seq generation). Set by `posformers-convert roformer` for RoFormer-sim checkpoints; no effect on an
             encoder.
-        unpad_inputs (`str`, defaults to `"auto"`): padding-free execution. `"auto"` runs a batch whose 2D
-            attention_mask holds padding on its real tokens only (projections, FFN and norms on the packed tokens,
-            attention per sequence), and a batch without padding as it is; `"always"` packs every pass and raises
-            where a pass cannot be packed (a decoder or KV-cache pass, output_attentions, a 4D or left-padded mask);
-            `"never"` keeps the padded computation. Padded positions of `last_hidden_state` are zeros on the packed
-            path. A flattened batch (transformers' `DataCollatorWithFlattening`: one row, position_ids restarting at
-            0 per sequence) is always run per sequence, whatever this says.
-        question_token_id (`int`, *optional*): the `[QUESTION]` token of question-aware span selection (Splinter's
-            QASS head, `RoFormerForQuestionSpanSelection`, and the recurring span selection pre-training of
-            `posformers-pretrain --objective rss`, which adds the token to the tokenizer and sets this field).
-        qa_head (`str`, defaults to `"linear"`): the head of `RoFormerForQuestionAnswering`. `"linear"`: start and end
-            logits from a linear layer on every token. `"span_selection"`: the QASS head of
-            `RoFormerForQuestionSpanSelection`, under the same name, so a span-selection checkpoint fine-tunes with
-            every head weight; each example then holds exactly one `question_token_id` token, after the question
-            (as in Splinter), whose state asks for the answer span.
+        unpad_inputs: as in `EncoderConfig`; a decoder or KV-cache pass also runs padded.
     """
 
     model_type = "posformers-roformer"
     presets = PRESETS
+    default_auto_map = AUTO_MAP
 
     vocab_size: int = 50000
     embedding_size: int | None = None
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 1536
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-12
-    pad_token_id: int | None = 0
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     rotary_value: bool = False
     use_cache: bool = True
     is_decoder: bool = False
     add_cross_attention: bool = False
-    tie_word_embeddings: bool = True
     rope_parameters: dict | None = None
     rotary_dim: int | None = None
     partial_rotary_factor: float | None = None
@@ -179,9 +153,6 @@ class RoFormerConfig(PresetConfigMixin, PreTrainedConfig):
     add_pooling_layer: bool = False
     pooler_activation: str = "tanh"
     bidirectional_prompt: bool = False
-    unpad_inputs: str = "auto"
-    question_token_id: int | None = None
-    qa_head: str = "linear"
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # a transformers "roformer" config.json becomes ours, see get_config_dict
@@ -189,8 +160,6 @@ class RoFormerConfig(PresetConfigMixin, PreTrainedConfig):
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
         super().__post_init__(**kwargs)
-        self.validate_fields()
-        self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
 
     def _read_legacy_rope_fields(self, kwargs: dict):
         # config.json files of earlier posformers state `rope_theta` and `rope_scaling` (transformers 4's names);
@@ -215,18 +184,9 @@ class RoFormerConfig(PresetConfigMixin, PreTrainedConfig):
         return config_dict, kwargs
 
     def validate_fields(self):
-        """Check every field; runs on creation and again when a model is built (fields may change in between)."""
-        check_common_fields(self)
+        super().validate_fields()
         for name in ("embedding_size", "max_position_embeddings"):
             check_integer(self, name)
-        if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
-                f"RoFormerConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                f"({self.num_attention_heads})"
-            )
-        check_integer(self, "type_vocab_size", 0)
-        check_number("RoFormerConfig.layer_norm_eps", self.layer_norm_eps, inclusive=True)
-        check_number("RoFormerConfig.initializer_range", self.initializer_range, inclusive=True)
         for name, allowed in (
             ("rope_layout", ROPE_LAYOUTS),
             ("norm_type", NORM_TYPES),
@@ -234,11 +194,8 @@ class RoFormerConfig(PresetConfigMixin, PreTrainedConfig):
             ("summary_type", SUMMARY_TYPES),
         ):
             check_choice(self, name, allowed)
-        for name in ("add_pooling_layer", "bidirectional_prompt", "use_bias", "rotary_value"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"RoFormerConfig.{name} must be True or False, got {getattr(self, name)!r}")
-        self._validate_activation("hidden_act", "'gelu'")
-        self._validate_activation("pooler_activation", "'tanh', or 'linear' for none, as RoFormer-sim uses")
+        check_flags(self, ("add_pooling_layer", "bidirectional_prompt", "use_bias", "rotary_value"))
+        check_activation(self, "pooler_activation")  # "linear" is none, as RoFormer-sim uses
         if self.add_cross_attention:
             raise ValueError(
                 "RoFormerConfig.add_cross_attention=True is not supported: posformers' RoFormer is an encoder "
@@ -246,16 +203,6 @@ class RoFormerConfig(PresetConfigMixin, PreTrainedConfig):
             )
         self.rope_parameters = self._validated_rope_parameters(self.rope_parameters)
         self._validate_rotary_dim()
-
-    def _validate_activation(self, name: str, example: str):
-        from transformers.activations import ACT2FN
-
-        value = getattr(self, name)
-        if not isinstance(value, str) or value not in ACT2FN:
-            raise ValueError(
-                f"RoFormerConfig.{name} must be the name of an activation in transformers' ACT2FN (e.g. {example}), "
-                f"got {value!r}; known: {sorted(ACT2FN)}"
-            )
 
     @property
     def rope_dim(self) -> int:

@@ -15,8 +15,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-UNPAD_MODES = ("auto", "always", "never")
-
 
 @dataclass
 class PackedBatch:

@@ -715,7 +715,7 @@ def test_defaults_are_littlebird_base_and_presets_take_overrides():
         ({"attention_probs_dropout_prob": -0.1}, "attention_probs_dropout_prob must be in"),
         ({"layer_norm_eps": 0}, "layer_norm_eps must be positive"),
         ({"pad_token_id": 500}, "pad_token_id"),
-        ({"hidden_act": "swishy"}, "hidden_act must be one of"),
+        ({"hidden_act": "swishy"}, "hidden_act must be the name of an activation"),
         ({"bialibi_init": "uniform"}, "bialibi_init must be one of"),
         ({"bialibi_init": -1.0}, "bialibi_init must be one of"),
         ({"global_prefix_length": 0}, "LittleBirdConfig.global_prefix_length must be a positive integer"),

@@ -650,7 +650,7 @@ def test_rms_norm_lm_head_with_factorised_embeddings_is_refused():
         ),
         # accepted, then NaN in every output
         ({"rope_parameters": {"rope_theta": math.nan}}, r"rope_parameters\['rope_theta'\] must be positive"),
-        ({"layer_norm_eps": -1.0}, r"RoFormerConfig\.layer_norm_eps must be a number >= 0"),
+        ({"layer_norm_eps": -1.0}, r"RoFormerConfig\.layer_norm_eps must be positive and finite"),
         (
             {"rope_parameters": {"rope_type": "linear", "factor": math.nan}},
             r"rope_parameters\['factor'\] must be a number",
