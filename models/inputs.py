@@ -83,7 +83,7 @@ def check_inputs(
     dtype: torch.dtype,
     *,
     embedding_size: int,
-    check_mask: Callable[[torch.Tensor, tuple[int, int]], None] = check_padding_mask,
+    check_mask: Callable[[torch.Tensor, tuple[int, int]], None] | None = check_padding_mask,
     position_limit: int | None = None,
 ) -> tuple[int, int]:
     """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch; returns the
@@ -91,8 +91,9 @@ def check_inputs(
 
     inputs: the forward arguments by name (input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids);
     dtype: the model's; embedding_size: the width inputs_embeds must have; check_mask(attention_mask, shape): the
-    model's rule for mask shapes (default: a (batch, seq_len) padding mask); position_limit: the size of an absolute
-    position table the model reads, which position_ids and the length must fit.
+    model's rule for mask shapes (default: a (batch, seq_len) padding mask; None: the model checks the mask itself);
+    position_limit: the size of an absolute position table the model reads, which position_ids and the length must
+    fit.
     """
     check_input_types(inputs, dtype)
     input_ids, inputs_embeds = inputs["input_ids"], inputs["inputs_embeds"]
@@ -101,7 +102,7 @@ def check_inputs(
         raise ValueError(
             f"{'input_ids' if input_ids is not None else 'inputs_embeds'} holds an empty batch (batch = 0)"
         )
-    if inputs["attention_mask"] is not None:
+    if inputs["attention_mask"] is not None and check_mask is not None:
         check_mask(inputs["attention_mask"], shape)
     check_per_token("token_type_ids", inputs["token_type_ids"], shape)
     check_per_token("position_ids", inputs["position_ids"], shape)
@@ -131,7 +132,8 @@ class EncoderInputs(NamedTuple):
 
 class EncoderForward:
     """The forward of a bare encoder model: transformers' arguments, the output flags resolved from the config, the
-    inputs checked by `check_inputs` with the model's `input_rules()`, then the model's `encode`, whose output comes
+    inputs checked by `check_inputs` with the model's `input_rules()`, then the model's `encode`, which also takes
+    every other keyword argument (RoFormer's KV cache, a flattened batch's cu_seq_lens, ...) and whose output comes
     back as a tuple where `return_dict` is off."""
 
     def input_rules(self) -> dict:

@@ -46,7 +46,7 @@ from .heads import (
     maybe_tuple,
     refuse_flattened,
 )
-from .inputs import check_inputs
+from .inputs import EncoderForward
 from .layers import Intermediate, ResidualOutput
 from .loading import CheckedLoadingMixin
 from .packing import PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
@@ -621,9 +621,10 @@ class RoFormerPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
 def check_attention_mask(
     attention_mask: torch.Tensor, shape: tuple[int, int], *, past_length: int | None, config: RoFormerConfig
 ) -> None:
-    """RoFormer's mask rule for `check_inputs`. A 2D mask is (batch, cached + new tokens); a 4D one (batch or 1, 1 or
-    heads, new tokens, keys): with a cache (`past_length` not None) at least cached + new keys, as a static cache's
-    mask spans its whole length; without one exactly the new tokens. Linear attention takes the 2D mask only."""
+    """RoFormer's mask rule, checked once the KV cache is known. A 2D mask is (batch, cached + new tokens); a 4D one
+    (batch or 1, 1 or heads, new tokens, keys): with a cache (`past_length` not None) at least cached + new keys, as a
+    static cache's mask spans its whole length; without one exactly the new tokens. Linear attention takes the 2D mask
+    only."""
     keys = (past_length or 0) + shape[1]
     num_heads = config.num_attention_heads
     if attention_mask.dim() == 2:
@@ -749,7 +750,7 @@ class RoFormerPooler(nn.Module):
         return self.activation(self.dense(first_token_states))
 
 
-class RoFormerModel(RoFormerPreTrainedModel):
+class RoFormerModel(EncoderForward, RoFormerPreTrainedModel):
     """The bare RoFormer encoder (or decoder-only stack when `config.is_decoder`), outputting hidden states, and the
     pooled first token (`pooler_output`) when `config.add_pooling_layer` is set."""
 
@@ -766,41 +767,33 @@ class RoFormerModel(RoFormerPreTrainedModel):
         self.pooler = RoFormerPooler(config) if config.add_pooling_layer else None
         self.post_init()
 
-    def forward(
+    def input_rules(self) -> dict:
+        # the mask's shape rule depends on the KV cache, which `encode` resolves first: it checks the mask there
+        return dict(dtype=self.dtype, embedding_size=self.config.embedding_size, check_mask=None)
+
+    def encode(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
+        shape,
+        inputs,
+        output_attentions,
+        output_hidden_states,
         past_key_values: Cache | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         keep_padding_states: bool = False,
         **kwargs,
-    ) -> RoFormerModelOutput | tuple:
+    ) -> RoFormerModelOutput:
         """Padded batches run padding-free as `config.unpad_inputs` says; a flattened batch (position_ids restarting
         at 0 in one row, optionally with DataCollatorWithFlattening's cu_seq_lens_q/k and max_length_q/k) always
-        runs per sequence and returns (1, N, d). Per-token outputs hold zeros at the 2D mask's padded positions on
-        every path, unless `keep_padding_states`: that pass runs padded and returns the states it computes there
-        (transformers' RoFormer multiple-choice head reads the last position, padding included)."""
+        runs per sequence and returns (1, N, d). A decoder reads and extends `past_key_values` (created when
+        `use_cache`, default `config.use_cache`, asks for one). Per-token outputs hold zeros at the 2D mask's padded
+        positions on every path, unless `keep_padding_states`: that pass runs padded and returns the states it
+        computes there (transformers' RoFormer multiple-choice head reads the last position, padding included)."""
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        return_dict = return_dict if return_dict is not None else config.return_dict
+        input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = inputs
         past_key_values, use_cache = decoder_cache(config, kv_cache(kwargs, past_key_values, pop=True), use_cache)
         past_length = past_key_values.get_seq_length() if past_key_values is not None else None
-        inputs = dict(
-            input_ids=input_ids,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-        )
-        mask_rule = functools.partial(check_attention_mask, past_length=past_length, config=config)
-        shape = check_inputs(config, inputs, self.dtype, embedding_size=config.embedding_size, check_mask=mask_rule)
+        if attention_mask is not None:
+            check_attention_mask(attention_mask, shape, past_length=past_length, config=config)
         past_length = past_length or 0
         device = (input_ids if input_ids is not None else inputs_embeds).device
         packing = self.plan_packing(
@@ -847,14 +840,13 @@ class RoFormerModel(RoFormerPreTrainedModel):
         pooler_output = None
         if self.pooler is not None:
             pooler_output = self.pooler(first_token_states(sequence_output, packing))
-        output = RoFormerModelOutput(
+        return RoFormerModelOutput(
             last_hidden_state=sequence_output,
             pooler_output=pooler_output,
             **{CACHE_FIELD: past_key_values if use_cache else None},
             hidden_states=all_hidden_states,
             attentions=encoder_output.attentions,
         )
-        return output if return_dict else output.to_tuple()
 
     def plan_packing(
         self, shape, device, attention_mask, position_ids, output_attentions, keep_padding_states, kwargs
