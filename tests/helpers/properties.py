@@ -1,6 +1,6 @@
 """What the property-based (hypothesis) model tests share: their settings and one intra-op thread.
 
-Used by tests/models/test_properties_<model>.py.
+Used by tests/models/test_properties_<model>.py and tests/models/test_contract_properties.py.
 """
 
 import os

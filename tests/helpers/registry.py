@@ -1,12 +1,15 @@
-"""The three models as one registry, for the contracts every model and head keeps (tests/models/test_contracts.py).
+"""The three models as one registry, for the contracts every model and head keeps (tests/models/test_contracts.py,
+tests/models/test_contract_properties.py).
 
 An entry says how to build a tiny model of each head its AUTO_MAP registers and how to feed it: a mixed-length,
-right-padded batch with labels for the head's loss, as transformers' ModelTesterMixin does per model.
+right-padded batch with labels for the head's loss, as transformers' ModelTesterMixin does per model. `CASES` are the
+batch layouts the padding-free contracts compare on, `VARIANTS` the model-specific configurations they run as well.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -38,16 +41,81 @@ TOKEN_LABELS = {
 }
 # Per-token outputs (B, L, ...) that padding must not leak into; other outputs are per row.
 PER_TOKEN_OUTPUTS = ("last_hidden_state", "logits", "start_logits", "end_logits")
+# Right-padded batches as (row lengths, width): real tokens first, padding after. On and off LittleBird's tiny blocks
+# of 4, rows of padding only, a batch of one, rows of one token, an input of one column, beyond DeBERTa's relative
+# span of 8 and its position buckets.
+CASES = {
+    "mixed-lengths": ((17, 11, 5, 2), 17),
+    "no-padding": ((7, 7, 7), 7),
+    "row-of-padding": ((13, 0, 6), 13),
+    "batch-of-one": ((9,), 12),
+    "length-one": ((1, 6, 1), 6),
+    "one-column": ((1, 0), 1),
+    "block-boundaries": ((16, 15, 17, 8, 9, 3, 4), 19),
+    "long-and-short": ((41, 3), 41),
+}
+# DeBERTa's three generations at the tiny size. Relative distances of 17 tokens reach 16: beyond max_relative_positions
+# (v1: 6) and beyond the log buckets' exact window (v2/v3: 4 buckets over 8 positions).
+DEBERTA_VERSIONS = {
+    "v1": dict(
+        projection_layout="fused",
+        position_biased_input=True,
+        position_buckets=-1,
+        max_relative_positions=6,
+        share_att_key=False,
+        norm_rel_ebd="none",
+        pos_att_type="c2p|p2c",
+        type_vocab_size=2,
+        conv_kernel_size=0,
+    ),
+    "v2": dict(position_buckets=4, max_relative_positions=8, conv_kernel_size=3, conv_act="gelu"),
+    "v3": dict(position_buckets=4, max_relative_positions=8, pos_att_type="c2p|p2c", conv_kernel_size=0),
+}
+# Model-specific configurations the contracts run on besides each model's tiny default: variant -> (model, the heads
+# it changes, overrides).
+BASE_AND_MASKED_LM = ("AutoModel", "AutoModelForMaskedLM")
+VARIANTS = {
+    "roformer-half-rotary-value": ("roformer", BASE_AND_MASKED_LM, {"rope_layout": "half", "rotary_value": True}),
+    "roformer-partial-rotary": ("roformer", BASE_AND_MASKED_LM, {"rotary_dim": 4}),
+    "roformer-linear-kernel": ("roformer", BASE_AND_MASKED_LM, {"attention_kernel": "linear"}),
+    "roformer-v2": ("roformer", BASE_AND_MASKED_LM, {"norm_type": "rms_norm", "use_bias": False}),
+    "roformer-factorised-embeddings": ("roformer", BASE_AND_MASKED_LM, {"embedding_size": 16}),
+    "roformer-pooler": ("roformer", ("AutoModel",), {"add_pooling_layer": True}),
+    "roformer-first-token-choice": ("roformer", ("AutoModelForMultipleChoice",), {"summary_type": "first"}),
+    **{f"deberta-{version}": ("deberta", BASE_AND_MASKED_LM, fields) for version, fields in DEBERTA_VERSIONS.items()},
+    "deberta-absolute": ("deberta", ("AutoModel",), {"relative_attention": False, "position_biased_input": True}),
+}
+# (variant, model, head, overrides) of every head a variant changes.
+VARIANT_HEADS = [
+    (variant, name, auto_name, overrides)
+    for variant, (name, auto_names, overrides) in VARIANTS.items()
+    for auto_name in auto_names
+]
+
+
+def distinct_bialibi_slopes(model, seed: int = 0) -> None:
+    """LittleBird's alpha, beta and gamma moved off their initial values by a seeded random amount in [0, 0.5): distinct
+    per head and layer, so that mixing up heads, layers or examples cannot go unseen."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, slope in model.named_parameters():
+            if name.rsplit(".", 1)[-1] in ("alpha", "beta", "gamma"):
+                slope.add_(torch.rand(slope.shape, generator=generator) * 0.5)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelEntry:
-    """One model: its config class, AUTO_MAP and what its tiny config adds (`fields`)."""
+    """One model: its config class, AUTO_MAP, what its tiny config adds (`fields`), what a freshly built model gets
+    (`prepare(model, seed)`), the rank of the attention mask it takes besides the (batch, seq_len) padding mask
+    (`dense_mask`) and whether it reads a left-padded batch (`left_padding`)."""
 
     name: str
     config_class: type
     auto_map: dict[str, str]
     fields: dict = dataclasses.field(default_factory=dict)
+    prepare: Callable | None = None
+    dense_mask: int | None = None
+    left_padding: bool = True
 
     @property
     def heads(self) -> dict[str, type]:
@@ -64,14 +132,28 @@ class ModelEntry:
     def build(self, auto_name: str, seed: int = 0, **overrides):
         """A tiny model of the head, seeded, in eval mode."""
         torch.manual_seed(seed)
-        return self.heads[auto_name](self.config(auto_name, **overrides)).eval()
+        model = self.heads[auto_name](self.config(auto_name, **overrides)).eval()
+        if self.prepare is not None:
+            self.prepare(model, seed)
+        return model
 
 
 REGISTRY = {
-    "roformer": ModelEntry("roformer", posformers.RoFormerConfig, configuration_roformer.AUTO_MAP),
-    # The convolution beside the first layer, so that the remote-code and padding contracts run through it too.
-    "deberta": ModelEntry("deberta", posformers.DebertaConfig, configuration_deberta.AUTO_MAP, {"conv_kernel_size": 3}),
-    "littlebird": ModelEntry("littlebird", posformers.LittleBirdConfig, configuration_littlebird.AUTO_MAP),
+    # A (batch, 1, q_len, kv_len) mask, as transformers' BERT takes.
+    "roformer": ModelEntry("roformer", posformers.RoFormerConfig, configuration_roformer.AUTO_MAP, dense_mask=4),
+    # The convolution beside the first layer, so that the remote-code and padding contracts run through it too; a
+    # (batch, seq_len, seq_len) mask, as the official code takes.
+    "deberta": ModelEntry(
+        "deberta", posformers.DebertaConfig, configuration_deberta.AUTO_MAP, {"conv_kernel_size": 3}, dense_mask=3
+    ),
+    # Block 0 is global: the first token must be real.
+    "littlebird": ModelEntry(
+        "littlebird",
+        posformers.LittleBirdConfig,
+        configuration_littlebird.AUTO_MAP,
+        prepare=distinct_bialibi_slopes,
+        left_padding=False,
+    ),
 }
 # (model, head) pairs, and their pytest ids ("roformer-AutoModelForMaskedLM").
 MODEL_HEADS = [(name, auto_name) for name, entry in REGISTRY.items() for auto_name in entry.heads]
@@ -110,6 +192,11 @@ def head_labels(auto_name: str, mask: torch.Tensor, generator: torch.Generator) 
         start = (torch.rand(rows, generator=generator) * lengths).long()
         return {"start_positions": start, "end_positions": torch.minimum(start + 2, lengths - 1)}
     return {}
+
+
+def per_token(auto_name: str, key: str) -> bool:
+    """Whether the head's output `key` holds one entry per token, (B, L, ...); the others hold one per row."""
+    return key in PER_TOKEN_OUTPUTS and (key != "logits" or auto_name in TOKEN_LABELS)
 
 
 def real_tokens(inputs: dict) -> torch.Tensor:
