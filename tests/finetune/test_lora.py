@@ -66,7 +66,7 @@ def test_glue_lora_trains_an_adapter_that_loads_back_as_the_note_says(tmp_path, 
             *["--do_train", "--do_eval", "--max_steps", "10", "--learning_rate", "1e-2", "--seed", "0"],
             *["--per_device_train_batch_size", "16", "--lora_r", "4", "--lora_target_modules", "all-linear"],
             # Reentrant checkpointing of a frozen model: Trainer must make the embeddings' output require grad.
-            *["--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"use_reentrant": true}'],
+            *["--activation_checkpointing", "--activation_checkpointing_kwargs", '{"use_reentrant": true}'],
         ]
     )
     adapter = assert_adapter_folder(output_dir)
