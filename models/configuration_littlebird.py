@@ -9,7 +9,7 @@ the architecture, with every decision marked, is described in `modeling_littlebi
 import contextlib
 import math
 
-from .configuration_common import QA_HEADS, UNPAD_MODES, EncoderConfig, check_integer
+from .configuration_common import EncoderConfig, check_integer
 
 # Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
 # `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
@@ -104,4 +104,4 @@ class LittleBirdConfig(EncoderConfig):
             )
 
 
-__all__ = ["AUTO_MAP", "PRESETS", "QA_HEADS", "UNPAD_MODES", "LittleBirdConfig"]
+__all__ = ["AUTO_MAP", "PRESETS", "LittleBirdConfig"]
