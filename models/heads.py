@@ -368,7 +368,7 @@ def head_output(output_class, base_outputs, config, return_dict, **fields):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Generic heads. Each model's head class is a thin subclass, `class RoFormerForTokenClassification(
-# GenericForTokenClassification, RoFormerPreTrainedModel)`, whose `base_model_class` (the model's base model class) is
+# GenericForTokenClassification, RoFormerPreTrainedModel): ...`; its pretrained class names its `base_model_class`,
 # built under its `base_model_prefix`: module names, and so state-dict keys, are those of a head written out in full.
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -416,7 +416,6 @@ class LabelledHead:
 class GenericForTokenClassification(LabelledHead):
     """Token classification: dropout and a linear classifier on every real token (BERT's head)."""
 
-    base_model_class: type
     output_class = TokenClassifierOutput
 
     def __init__(self, config):
@@ -443,8 +442,6 @@ class GenericForQuestionAnswering:
     takes start/end_positions per sequence. With `config.qa_head="span_selection"` the logits come from the
     span-selection head of the model's `...ForQuestionSpanSelection` (same name `qass`, same weights), asked by each
     example's one `config.question_token_id` token."""
-
-    base_model_class: type
 
     def __init__(self, config):
         super().__init__(config)
@@ -503,8 +500,6 @@ class GenericForQuestionSpanSelection:
     (num_sequences, Q), positions counted within each sequence. The model's `...ForQuestionAnswering` with
     `config.qa_head="span_selection"` holds the same head under the same name and fine-tunes from this model's weights.
     """
-
-    base_model_class: type
 
     def __init__(self, config):
         super().__init__(config)

@@ -938,6 +938,11 @@ class DebertaPreTrainedModel(FusedKernelChoice, CheckedLoadingMixin, PreTrainedM
         r"(^|\.)encoder\.LayerNorm\.",
     ]
 
+    @property
+    def base_model_class(self) -> type:
+        """The base model that heads.py's generic heads build under `base_model_prefix`."""
+        return DebertaModel
+
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -1338,16 +1343,13 @@ class DebertaForSequenceClassification(
         return _sequence_classification_loss(self.config, logits, labels, self.num_labels)
 
 
-class DebertaForTokenClassification(GenericForTokenClassification, DebertaPreTrainedModel):
-    base_model_class = DebertaModel
+class DebertaForTokenClassification(GenericForTokenClassification, DebertaPreTrainedModel): ...
 
 
-class DebertaForQuestionAnswering(GenericForQuestionAnswering, DebertaPreTrainedModel):
-    base_model_class = DebertaModel
+class DebertaForQuestionAnswering(GenericForQuestionAnswering, DebertaPreTrainedModel): ...
 
 
-class DebertaForQuestionSpanSelection(GenericForQuestionSpanSelection, DebertaPreTrainedModel):
-    base_model_class = DebertaModel
+class DebertaForQuestionSpanSelection(GenericForQuestionSpanSelection, DebertaPreTrainedModel): ...
 
 
 class DebertaForMultipleChoice(DebertaPooledClassifier, GenericForMultipleChoice, DebertaPreTrainedModel):

@@ -1135,6 +1135,11 @@ class LittleBirdPreTrainedModel(FusedKernelChoice, CheckedLoadingMixin, PreTrain
     _keys_to_ignore_on_load_unexpected = [r"encoder\.layer\.\d+\.pack_attention\.LayerNorm\.(weight|bias)$"]
     flex_attention_refusal = FLEX_ATTENTION_REFUSAL
 
+    @property
+    def base_model_class(self) -> type:
+        """The base model that heads.py's generic heads build under `base_model_prefix`."""
+        return LittleBirdModel
+
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -1296,18 +1301,13 @@ class LittleBirdForMultipleChoice(GenericForMultipleChoice, LittleBirdPreTrained
         self.post_init()
 
 
-class LittleBirdForTokenClassification(GenericForTokenClassification, LittleBirdPreTrainedModel):
-    base_model_class = LittleBirdModel
+class LittleBirdForTokenClassification(GenericForTokenClassification, LittleBirdPreTrainedModel): ...
 
 
-class LittleBirdForQuestionAnswering(GenericForQuestionAnswering, LittleBirdPreTrainedModel):
-    """Extractive QA, the paper's task (`GenericForQuestionAnswering`)."""
-
-    base_model_class = LittleBirdModel
+class LittleBirdForQuestionAnswering(GenericForQuestionAnswering, LittleBirdPreTrainedModel): ...
 
 
-class LittleBirdForQuestionSpanSelection(GenericForQuestionSpanSelection, LittleBirdPreTrainedModel):
-    base_model_class = LittleBirdModel
+class LittleBirdForQuestionSpanSelection(GenericForQuestionSpanSelection, LittleBirdPreTrainedModel): ...
 
 
 # The names the posformers package exports from this file.

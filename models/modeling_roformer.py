@@ -609,6 +609,11 @@ class RoFormerPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     # transformers' RoFormer saves its frozen sinusoidal table; ours is computed, so the saved one is ignored.
     _keys_to_ignore_on_load_unexpected = [r"embed_positions\.weight"]
 
+    @property
+    def base_model_class(self) -> type:
+        """The base model that heads.py's generic heads build under `base_model_prefix`."""
+        return RoFormerModel
+
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -1088,16 +1093,13 @@ class RoFormerForMultipleChoice(GenericForMultipleChoice, RoFormerPreTrainedMode
         return self.classifier(self.sequence_summary(hidden_states, attention_mask))
 
 
-class RoFormerForTokenClassification(GenericForTokenClassification, RoFormerPreTrainedModel):
-    base_model_class = RoFormerModel
+class RoFormerForTokenClassification(GenericForTokenClassification, RoFormerPreTrainedModel): ...
 
 
-class RoFormerForQuestionAnswering(GenericForQuestionAnswering, RoFormerPreTrainedModel):
-    base_model_class = RoFormerModel
+class RoFormerForQuestionAnswering(GenericForQuestionAnswering, RoFormerPreTrainedModel): ...
 
 
-class RoFormerForQuestionSpanSelection(GenericForQuestionSpanSelection, RoFormerPreTrainedModel):
-    base_model_class = RoFormerModel
+class RoFormerForQuestionSpanSelection(GenericForQuestionSpanSelection, RoFormerPreTrainedModel): ...
 
 
 # ---------------------------------------------------------------------------------------------------------------------
