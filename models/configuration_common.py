@@ -17,6 +17,12 @@ UNPAD_MODES = ("auto", "always", "never")
 QA_HEADS = ("linear", "span_selection")
 # Sizes every config has; its `validate_fields` checks each is a positive integer.
 SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+# BERT's sizes, which the published RoFormer, DeBERTa and LittleBird checkpoints reuse (the feed-forward block is
+# 4 x hidden_size wide in all of them); a preset that differs overrides a field, e.g. dict(LARGE, num_hidden_layers=48).
+SMALL = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536)
+BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+XLARGE = dict(hidden_size=1536, num_hidden_layers=24, num_attention_heads=24, intermediate_size=6144)
 
 
 def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None:

@@ -17,6 +17,10 @@ under either name would silently load as transformers' classes.
 from transformers.utils import logging
 
 from .configuration_common import (
+    BASE,
+    LARGE,
+    SMALL,
+    XLARGE,
     EncoderConfig,
     check_activation,
     check_choice,
@@ -41,9 +45,6 @@ AUTO_MAP = {
     "AutoModelForMultipleChoice": "modeling_deberta.DebertaForMultipleChoice",
 }
 
-POS_ATT_TYPES = ("c2p", "p2c")
-NORM_REL_EBD = ("none", "layer_norm")
-PROJECTION_LAYOUTS = ("separate", "fused")
 
 # What a field means when an official / transformers config.json leaves it out: the defaults of transformers'
 # DebertaConfig / DebertaV2Config and of the official code's `getattr(config, name, default)` calls. posformers' own
@@ -69,11 +70,9 @@ OFFICIAL_COMMON_DEFAULTS = dict(
     pooler_dropout=0.0,
     pooler_hidden_act="gelu",
 )
-_BASE_SIZE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
-_XLARGE_SIZE = dict(hidden_size=1536, num_hidden_layers=24, num_attention_heads=24, intermediate_size=6144)
 OFFICIAL_DEFAULTS = {
-    "deberta": dict(OFFICIAL_COMMON_DEFAULTS, vocab_size=50265, **_BASE_SIZE, projection_layout="fused"),
-    "deberta-v2": dict(OFFICIAL_COMMON_DEFAULTS, vocab_size=128100, **_XLARGE_SIZE, projection_layout="separate"),
+    "deberta": dict(OFFICIAL_COMMON_DEFAULTS, vocab_size=50265, **BASE, projection_layout="fused"),
+    "deberta-v2": dict(OFFICIAL_COMMON_DEFAULTS, vocab_size=128100, **XLARGE, projection_layout="separate"),
 }
 
 _V1 = dict(
@@ -103,27 +102,20 @@ _V3 = dict(_V2, conv_kernel_size=0)
 
 # Sizes and options of the published checkpoints (microsoft/deberta-*, deberta-v2-*, deberta-v3-*, mdeberta-v3-base).
 PRESETS = {
-    "deberta-base": dict(_V1, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    "deberta-large": dict(_V1, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
-    "deberta-xlarge": dict(_V1, hidden_size=1024, num_hidden_layers=48, num_attention_heads=16, intermediate_size=4096),
-    "deberta-v2-xlarge": dict(
-        _V2_CONV, hidden_size=1536, num_hidden_layers=24, num_attention_heads=24, intermediate_size=6144
-    ),
-    "deberta-v2-xxlarge": dict(
-        _V2_CONV, hidden_size=1536, num_hidden_layers=48, num_attention_heads=24, intermediate_size=6144
-    ),
-    "deberta-v3-xsmall": dict(
-        _V3, hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536
-    ),
-    "deberta-v3-small": dict(_V3, hidden_size=768, num_hidden_layers=6, num_attention_heads=12, intermediate_size=3072),
-    "deberta-v3-base": dict(_V3, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    "deberta-v3-large": dict(
-        _V3, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
-    ),
-    "mdeberta-v3-base": dict(
-        _V3, vocab_size=251000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
-    ),
+    "deberta-base": {**_V1, **BASE},
+    "deberta-large": {**_V1, **LARGE},
+    "deberta-xlarge": {**_V1, **LARGE, "num_hidden_layers": 48},
+    "deberta-v2-xlarge": {**_V2_CONV, **XLARGE},
+    "deberta-v2-xxlarge": {**_V2_CONV, **XLARGE, "num_hidden_layers": 48},
+    "deberta-v3-xsmall": {**_V3, **SMALL, "num_hidden_layers": 12},
+    "deberta-v3-small": {**_V3, **BASE, "num_hidden_layers": 6},
+    "deberta-v3-base": {**_V3, **BASE},
+    "deberta-v3-large": {**_V3, **LARGE},
+    "mdeberta-v3-base": {**_V3, **BASE, "vocab_size": 251000},
 }
+
+
+POS_ATT_TYPES = ("c2p", "p2c")
 
 
 def parse_pos_att_type(value) -> list[str]:
@@ -164,6 +156,9 @@ def pooler_fields(config: dict, repository_format: bool) -> dict:
     if not repository_format:
         fields = {name: value for name, value in fields.items() if name not in config}
     return {**config, **{name: value for name, value in fields.items() if value is not None}}
+
+
+NORM_REL_EBD = ("none", "layer_norm")
 
 
 def parse_norm_rel_ebd(value) -> list[str]:
@@ -317,7 +312,7 @@ class DebertaConfig(EncoderConfig):
         check_flags(self, ("relative_attention", "share_att_key", "position_biased_input"))
         check_activation(self, "pooler_hidden_act")
         check_activation(self, "conv_act")
-        check_choice(self, "projection_layout", PROJECTION_LAYOUTS)
+        check_choice(self, "projection_layout", ("separate", "fused"))
         self._validate_relative_attention()
         if self.conv_kernel_size > 0:
             if self.conv_kernel_size % 2 == 0:

@@ -9,7 +9,7 @@ the architecture, with every decision marked, is described in `modeling_littlebi
 import contextlib
 import math
 
-from .configuration_common import EncoderConfig, check_integer
+from .configuration_common import BASE, LARGE, EncoderConfig, check_integer
 
 # Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
 # `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
@@ -28,8 +28,8 @@ BIALIBI_INITS = ("alibi",)
 
 # The paper's two sizes (Table 1); block and pack length 64 for both.
 PRESETS = {
-    "littlebird-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    "littlebird-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+    "littlebird-base": BASE,
+    "littlebird-large": LARGE,
 }
 
 

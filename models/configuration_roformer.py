@@ -13,6 +13,9 @@ with that name would silently load as transformers' class.
 """
 
 from .configuration_common import (
+    BASE,
+    LARGE,
+    SMALL,
     EncoderConfig,
     check_activation,
     check_choice,
@@ -35,10 +38,6 @@ AUTO_MAP = {
     "AutoModelForMultipleChoice": "modeling_roformer.RoFormerForMultipleChoice",
 }
 
-ROPE_LAYOUTS = ("interleaved", "half")
-NORM_TYPES = ("layer_norm", "rms_norm")
-ATTENTION_KERNELS = ("softmax", "linear")
-SUMMARY_TYPES = ("last", "first", "mean")
 ROPE_THETA = 10000.0
 # Keys each `rope_parameters["rope_type"]` takes besides rope_type, rope_theta and partial_rotary_factor, as in
 # transformers' rope utilities: (required, optional).
@@ -64,19 +63,11 @@ ROPE_TYPE_KEYS = {
 _V2 = dict(vocab_size=12000, max_position_embeddings=512, norm_type="rms_norm", use_bias=False, hidden_act="relu")
 # Sizes of the published RoFormer checkpoints (ZhuiyiTechnology/roformer, roformer-v2).
 PRESETS = {
-    "roformer-chinese-small": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536),
-    "roformer-chinese-base": dict(
-        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
-    ),
-    "roformer-v2-chinese-char-small": dict(
-        _V2, hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536
-    ),
-    "roformer-v2-chinese-char-base": dict(
-        _V2, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
-    ),
-    "roformer-v2-chinese-char-large": dict(
-        _V2, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
-    ),
+    "roformer-chinese-small": SMALL,
+    "roformer-chinese-base": BASE,
+    "roformer-v2-chinese-char-small": {**_V2, **SMALL},
+    "roformer-v2-chinese-char-base": {**_V2, **BASE},
+    "roformer-v2-chinese-char-large": {**_V2, **LARGE},
 }
 
 
@@ -188,10 +179,10 @@ class RoFormerConfig(EncoderConfig):
         for name in ("embedding_size", "max_position_embeddings"):
             check_integer(self, name)
         for name, allowed in (
-            ("rope_layout", ROPE_LAYOUTS),
-            ("norm_type", NORM_TYPES),
-            ("attention_kernel", ATTENTION_KERNELS),
-            ("summary_type", SUMMARY_TYPES),
+            ("rope_layout", ("interleaved", "half")),
+            ("norm_type", ("layer_norm", "rms_norm")),
+            ("attention_kernel", ("softmax", "linear")),
+            ("summary_type", ("last", "first", "mean")),
         ):
             check_choice(self, name, allowed)
         check_flags(self, ("add_pooling_layer", "bidirectional_prompt", "use_bias", "rotary_value"))

@@ -55,7 +55,7 @@ from .heads import (
     SpanSelectionTransform,
 )
 from .inputs import EncoderForward, check_padding_mask, check_per_token
-from .layers import Intermediate, ResidualOutput
+from .layers import Intermediate, ResidualOutput, TokenEmbeddings
 from .loading import CheckedLoadingMixin
 from .packing import PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
 
@@ -743,29 +743,13 @@ def attention_dtype(hidden_states: torch.Tensor) -> torch.dtype:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class LittleBirdEmbeddings(nn.Module):
+class LittleBirdEmbeddings(TokenEmbeddings):
     """Word and token-type embeddings, LayerNorm, dropout; no absolute positions (BiALiBi is the only position
     signal, so there is no maximum length) [paper]. Also holds P0, the learned pack states fed to layer 1 [paper]."""
 
     def __init__(self, config: LittleBirdConfig):
-        super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        if config.type_vocab_size > 0:
-            self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        super().__init__(config)
         self.pack_embeddings = nn.Parameter(torch.empty(config.pack_length, config.hidden_size))
-
-    def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None) -> torch.Tensor:
-        if inputs_embeds is None:
-            inputs_embeds = self.word_embeddings(input_ids)
-        embeddings = inputs_embeds
-        if hasattr(self, "token_type_embeddings"):
-            if token_type_ids is None:
-                embeddings = embeddings + self.token_type_embeddings.weight[0]
-            else:
-                embeddings = embeddings + self.token_type_embeddings(token_type_ids)
-        return self.dropout(self.LayerNorm(embeddings))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

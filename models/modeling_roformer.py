@@ -47,7 +47,7 @@ from .heads import (
     refuse_flattened,
 )
 from .inputs import EncoderForward
-from .layers import Intermediate, ResidualOutput
+from .layers import Intermediate, ResidualOutput, TokenEmbeddings
 from .loading import CheckedLoadingMixin
 from .packing import PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
 
@@ -252,27 +252,11 @@ def make_norm(config: RoFormerConfig, size: int) -> nn.Module:
     return nn.LayerNorm(size, eps=config.layer_norm_eps, bias=config.use_bias)
 
 
-class RoFormerEmbeddings(nn.Module):
+class RoFormerEmbeddings(TokenEmbeddings):
     """Word and token-type embeddings; positions enter through rotation inside attention, not here."""
 
     def __init__(self, config: RoFormerConfig):
-        super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
-        if config.type_vocab_size > 0:
-            self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.embedding_size)
-        self.LayerNorm = make_norm(config, config.embedding_size)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None) -> torch.Tensor:
-        if inputs_embeds is None:
-            inputs_embeds = self.word_embeddings(input_ids)
-        embeddings = inputs_embeds
-        if hasattr(self, "token_type_embeddings"):
-            if token_type_ids is None:
-                embeddings = embeddings + self.token_type_embeddings.weight[0]
-            else:
-                embeddings = embeddings + self.token_type_embeddings(token_type_ids)
-        return self.dropout(self.LayerNorm(embeddings))
+        super().__init__(config, config.embedding_size, make_norm(config, config.embedding_size))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
