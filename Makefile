@@ -59,9 +59,10 @@ NEWEST_TESTS := -m "not slow" tests/models/test_contracts.py tests/models/test_c
 	--deselect tests/models/test_roformer.py::test_real_vocabularies_run_through_the_model
 
 # One pytest process per core (at most 4), each taking whole test files, so that a file's module fixtures are built
-# once; `pytest` alone runs the same tests in one process. The 25 slowest tests are listed at the end.
+# once, in the order tests/conftest.py gives them (the longest first); `pytest` alone runs the same tests in one
+# process. The 25 slowest tests are listed at the end.
 test: $(STAMP) $(NEWEST_STAMP)
-	$(BIN)/python -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadfile --durations 25
+	$(BIN)/python -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations 25
 	$(NEWEST)/bin/python -m pytest -q $(NEWEST_TESTS)
 
 lint: $(STAMP)
