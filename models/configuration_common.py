@@ -18,7 +18,8 @@ QA_HEADS = ("linear", "span_selection")
 # Sizes every config has; its `validate_fields` checks each is a positive integer.
 SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 # BERT's sizes, which the published RoFormer, DeBERTa and LittleBird checkpoints reuse (the feed-forward block is
-# 4 x hidden_size wide in all of them); a preset that differs overrides a field, e.g. dict(LARGE, num_hidden_layers=48).
+# 4 x hidden_size wide in all of them). A preset copies one and overrides what differs, e.g.
+# {**LARGE, "num_hidden_layers": 48}; none holds one of these dicts itself.
 SMALL = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536)
 BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)

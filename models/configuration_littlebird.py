@@ -28,8 +28,8 @@ BIALIBI_INITS = ("alibi",)
 
 # The paper's two sizes (Table 1); block and pack length 64 for both.
 PRESETS = {
-    "littlebird-base": BASE,
-    "littlebird-large": LARGE,
+    "littlebird-base": {**BASE},
+    "littlebird-large": {**LARGE},
 }
 
 

@@ -63,8 +63,8 @@ ROPE_TYPE_KEYS = {
 _V2 = dict(vocab_size=12000, max_position_embeddings=512, norm_type="rms_norm", use_bias=False, hidden_act="relu")
 # Sizes of the published RoFormer checkpoints (ZhuiyiTechnology/roformer, roformer-v2).
 PRESETS = {
-    "roformer-chinese-small": SMALL,
-    "roformer-chinese-base": BASE,
+    "roformer-chinese-small": {**SMALL},
+    "roformer-chinese-base": {**BASE},
     "roformer-v2-chinese-char-small": {**_V2, **SMALL},
     "roformer-v2-chinese-char-base": {**_V2, **BASE},
     "roformer-v2-chinese-char-large": {**_V2, **LARGE},
