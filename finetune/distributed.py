@@ -63,12 +63,14 @@ def collective_failed(error: BaseException) -> bool:
 
 def exit_on_lost_process(main: Callable) -> Callable:
     """Wrap a script's `main(argv=None)`: when a collective fails because another process died or stopped answering,
-    say so in one line (with gloo's or NCCL's message) and exit with LOST_PROCESS_EXIT_STATUS."""
+    say so in one line (with gloo's or NCCL's message) and exit with LOST_PROCESS_EXIT_STATUS. When `main` returns,
+    the process group is destroyed: left to the interpreter's teardown, gloo's worker threads can still hold tensors
+    and the process dies with SIGABRT ("terminate called without an active exception") after a run that succeeded."""
 
     @functools.wraps(main)
     def wrapper(argv: list[str] | None = None):
         try:
-            return main(argv)
+            result = main(argv)
         except (RuntimeError, dist.DistError) as error:
             if not collective_failed(error):
                 raise
@@ -85,6 +87,9 @@ def exit_on_lost_process(main: Callable) -> Callable:
             # Not through the interpreter's teardown: destroying a gloo process group whose peer is gone can wait on
             # its worker threads for good, and this process would then never exit.
             os._exit(LOST_PROCESS_EXIT_STATUS)
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        return result
 
     return wrapper
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers import python_env, sample_log
 from helpers.pretrain_corpus import TINY, write_corpus
@@ -199,3 +200,24 @@ def test_littlebird_trains_under_ddp_without_unused_parameter_detection(old_last
     else:
         assert all(outcome.startswith("ok ") for outcome in outcomes), outcomes
         assert outcomes[0] == outcomes[1], "DDP replicas diverged"
+
+
+def test_a_script_that_returns_destroys_its_process_group(tmp_path):
+    """Left to the interpreter's teardown, gloo's threads can abort a process whose run succeeded (SIGABRT, exit
+    status -6): a script's main destroys the process group before it returns."""
+    import torch.distributed as dist
+
+    from posformers.finetune.distributed import exit_on_lost_process
+
+    @exit_on_lost_process
+    def main(argv=None):
+        dist.all_reduce(torch.ones(1))
+        return {"world_size": dist.get_world_size()}
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert main([]) == {"world_size": 1}
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
