@@ -26,7 +26,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`: one pytest process per
 # order only changes when a file runs, never what it runs; a file not listed keeps its place after these.
 LONGEST_FIRST = (
     "tests/integrations/test_onnx.py",
-    "tests/finetune/test_fsdp.py",
+    "tests/finetune/test_torchrun.py",
     "tests/models/test_half_precision_training.py",
     "tests/finetune/test_kill_resume.py",
     "tests/models/test_contracts.py",

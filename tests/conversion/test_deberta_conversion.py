@@ -222,7 +222,7 @@ def assert_weights_equal(model, state: dict[str, torch.Tensor], pairs: dict[str,
         assert torch.equal(ours[our_key], state[source_key].float()), our_key
 
 
-def test_hf_v1_converts_with_the_enhanced_mask_decoder(workdir, convert):
+def test_hf_v1_converts_with_the_enhanced_mask_decoder(workdir, convert, convert_here):
     source, output = workdir / "deberta-base", workdir / "out"
     state = write_hf_v1(source)
     args = ["deberta", "--from", "hf", "--source", source, "--output", output]
@@ -245,7 +245,7 @@ def test_hf_v1_converts_with_the_enhanced_mask_decoder(workdir, convert):
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(output)
     assert tokenizer.tokenize(TEXT) == transformers.AutoTokenizer.from_pretrained(source).tokenize(TEXT)
-    check_overwrite_behaviour(convert, args, output)
+    check_overwrite_behaviour(convert_here, args, output)
 
 
 def test_hf_v2_with_convolution_and_bfloat16_output(workdir, convert, spm_model):

@@ -347,7 +347,7 @@ def test_hf_hub_checkpoint_converts_pushes_and_loads_with_remote_code(workdir, c
     assert_close(remote["logits"], expected, inputs["attention_mask"])
 
 
-def test_hf_classification_checkpoint_keeps_its_head(workdir, convert):
+def test_hf_classification_checkpoint_keeps_its_head(workdir, convert, convert_here):
     config = hf_config("RoFormerForSequenceClassification", num_labels=3, vocab_size=vocab_size(CHAR_VOCAB))
     reference = randomize(transformers.RoFormerForSequenceClassification(config), seed=13)
     source, output = workdir / "roformer_chinese_char_base-cls", workdir / "converted"
@@ -356,7 +356,7 @@ def test_hf_classification_checkpoint_keeps_its_head(workdir, convert):
     args = ["roformer", "--from", "hf", "--source", source, "--output", output]
     result = convert(*args).check()
     assert_verified(result, {"last hidden state", "logits"})
-    check_overwrite_behaviour(convert, args, output)
+    check_overwrite_behaviour(convert_here, args, output)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(output)
     assert isinstance(model, posformers.RoFormerForSequenceClassification) and model.config.num_labels == 3
     inputs = sample_inputs(config)

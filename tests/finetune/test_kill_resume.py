@@ -32,7 +32,7 @@ from posformers.finetune.checkpoints import (
 from posformers.finetune.errors import OutputDirError
 
 KILL_POINTS = REPO_ROOT / "tests" / "helpers" / "kill_points.py"
-SAVE_STEPS, MAX_STEPS, KILLS = 4, 12, 10
+SAVE_STEPS, MAX_STEPS, KILLS = 4, 12, 6
 TRAINING = [
     "--do_train", "--do_eval", "--max_steps", str(MAX_STEPS), "--save_steps", str(SAVE_STEPS),
     "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--learning_rate", "1e-3",

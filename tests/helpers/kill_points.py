@@ -18,7 +18,7 @@ after each step's end), "metrics" (what main returned, for runs that end) and "s
 itself, which is what a kill in the middle of the write leaves on disk. Nothing of this is in the scripts: the writers
 and Trainer.train are wrapped in the child process only.
 
-To keep 10+ runs of a script cheap, this process imports the script once and forks one child per run (the parent
+To keep the many runs of a script cheap, this process imports the script once and forks one child per run (the parent
 never runs torch, so the children fork from a quiet process); every wait has a timeout.
 """
 

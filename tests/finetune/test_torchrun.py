@@ -1,11 +1,19 @@
-"""Several processes: posformers-glue and posformers-pretrain under `torchrun --nproc_per_node 2` with FSDP on CPU
-(gloo; Trainer's --fsdp, FSDP2 `fully_shard`, finetune/distributed.py), and a process that dies or hangs mid-run.
+"""Several processes: posformers-glue and posformers-pretrain under `torchrun --nproc_per_node 2` on CPU (gloo), as
+DDP and as FSDP (Trainer's --fsdp, FSDP2 `fully_shard`, finetune/distributed.py), and a process that dies or hangs.
 
+- DDP: the two processes train on different examples, the saved model is the one they ended training with, its
+  metrics are those process 0 reported, and --push_to_hub runs on every process (Trainer saves there first, a
+  collective under FSDP) and uploads the saved model.
 - FSDP trains, checkpoints, resumes and pushes to the Hub (a local fake one), and ends with the weights of the same
   run under DDP; its checkpoints are FSDP's (pytorch_model_fsdp.bin: the run sharded, it did not fall back to DDP)
   and load as the model's own remote code in a Python without posformers.
 - A process killed with SIGKILL: torchrun stops the run at once and names the process and the signal.
 - A process that hangs (SIGSTOP): the other one gives up after --ddp_timeout, with one line saying what happened.
+
+How the tests see inside the DDP processes: torchrun runs the script through tests/helpers/sample_log.py, which wraps
+its Trainer: each process writes the example ids (`idx`) of each training batch to <folder>/rank<R>.txt,
+<folder>/rank<R>-final.json (global step and a SHA-256 of the weights) when training ends, and <folder>/rank<R>-push
+when it enters Trainer.push_to_hub.
 
 Each torchrun launch costs 10-20 s here: the runs are shared by module-scoped fixtures, and every wait is bounded
 (a launch that outlives its limit is killed with its whole process group); they are marked slow.
@@ -26,8 +34,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TOKENIZER_DIR, tiny_model_args
-from helpers import dying_rank, python_env
+from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
+from helpers import dying_rank, python_env, sample_log
 from helpers.modeling import make_batch, tensor_outputs, tiny_config
 from helpers.pretrain_corpus import TINY, write_corpus
 from helpers.remote import check_remote_load
@@ -35,10 +43,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
 
 import posformers
+from posformers.finetune import run_glue
 from posformers.finetune.distributed import shared_state_dict, unregister_embedding_aliases
 
 PROCESSES = 2
-STEPS, SAVE_STEPS = 8, 4
+EXAMPLES, PER_DEVICE_BATCH = 64, 4
+STEPS, SAVE_STEPS = EXAMPLES // (PER_DEVICE_BATCH * PROCESSES), 4  # one epoch
 FSDP = ["--fsdp", "--fsdp_config", json.dumps({"version": 2})]  # layers wrapped by the models' _no_split_modules
 TWO_LAYERS = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,max_position_embeddings=128"
 COMMON = [
@@ -74,6 +84,12 @@ def torchrun(target: list[str], *, env: dict[str, str], cwd: Path, timeout: floa
 
 def script(name: str) -> list[str]:
     return ["-m", f"posformers.finetune.{name}"]
+
+
+def logged(name: str, log_dir: Path) -> list[str]:
+    """The script run through tests/helpers/sample_log.py, which logs into `log_dir` (see the module's docstring)."""
+    log_dir.mkdir(parents=True)
+    return [sample_log.__file__, str(log_dir), name]
 
 
 def check_completed(result) -> None:
@@ -153,20 +169,75 @@ def glue_runs(tmp_path_factory, glue_dir, hub_server):
         *tiny_model_args(overrides=TWO_LAYERS),
         "--task_name", "sst2",
         "--train_file", str(glue_dir / "sst2" / "dev.tsv"), "--validation_file", str(glue_dir / "sst2" / "dev.tsv"),
-        "--max_train_samples", "64", "--max_eval_samples", "48", "--max_seq_length", "48",
-        "--do_train", "--do_eval", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
-        "--max_steps", str(STEPS), *COMMON,
+        "--max_train_samples", str(EXAMPLES), "--max_eval_samples", "48", "--max_seq_length", "48",
+        "--do_train", "--do_eval", "--per_device_train_batch_size", str(PER_DEVICE_BATCH),
+        "--per_device_eval_batch_size", "8", "--max_steps", str(STEPS), *COMMON,
     ]  # fmt: skip
     env = python_env(work / "hf-home", endpoint=hub_server.url)
     runs = {}
-    for name, extra in [
-        ("ddp", []),
-        ("fsdp", [*FSDP, "--push_to_hub", "--hub_model_id", "user/tiny-sst2-fsdp"]),
-        ("resumed", [*FSDP, "--resume_from_checkpoint", str(work / "fsdp" / f"checkpoint-{SAVE_STEPS}")]),
+    for name, target, extra in [
+        ("ddp", logged("run_glue", work / "sample-log"), []),
+        ("fsdp", script("run_glue"), [*FSDP, "--push_to_hub", "--hub_model_id", "user/tiny-sst2-fsdp"]),
+        (
+            "resumed",
+            script("run_glue"),
+            [*FSDP, "--resume_from_checkpoint", str(work / "fsdp" / f"checkpoint-{SAVE_STEPS}")],
+        ),
     ]:
-        result, _ = torchrun([*script("run_glue"), *data, "--output_dir", str(work / name), *extra], env=env, cwd=work)
+        result, _ = torchrun([*target, *data, "--output_dir", str(work / name), *extra], env=env, cwd=work)
         runs[name] = result
-    return {"work": work, "runs": runs, "env": env}
+    return {"work": work, "runs": runs, "env": env, "args": data}
+
+
+def read_ids(path: Path) -> list[int]:
+    return [int(token) for line in path.read_text().splitlines() for token in line.split()]
+
+
+@pytest.mark.slow
+def test_ddp_processes_train_on_different_examples(glue_runs):
+    check_completed(glue_runs["runs"]["ddp"])
+    log_dir = glue_runs["work"] / "sample-log"
+    ids = {rank: read_ids(log_dir / f"rank{rank}.txt") for rank in range(PROCESSES)}
+    for rank in range(PROCESSES):
+        assert len(ids[rank]) == STEPS * PER_DEVICE_BATCH, rank
+        assert len(set(ids[rank])) == len(ids[rank]), f"rank {rank} saw an example twice in one epoch"
+    assert not set(ids[0]) & set(ids[1]), "both processes trained on the same examples"
+    assert set(ids[0]) | set(ids[1]) == set(range(EXAMPLES)), "together they did not cover the epoch"
+
+
+@pytest.mark.slow
+def test_ddp_saves_the_model_the_processes_ended_with(glue_runs):
+    work = glue_runs["work"]
+    log_dir, out = work / "sample-log", work / "ddp"
+    finals = [json.loads((log_dir / f"rank{rank}-final.json").read_text()) for rank in range(PROCESSES)]
+    assert [final["global_step"] for final in finals] == [STEPS] * PROCESSES
+    assert finals[0]["weights_sha256"] == finals[1]["weights_sha256"], "DDP replicas diverged"
+    saved = AutoModelForSequenceClassification.from_pretrained(out)
+    assert sample_log.weights_digest(saved) == finals[0]["weights_sha256"]
+    train = json.loads((out / "train_results.json").read_text())
+    assert train["train_samples"] == EXAMPLES
+
+
+@pytest.mark.slow
+def test_ddp_rank0_metrics_are_those_of_the_saved_model(glue_runs, tmp_path):
+    out = glue_runs["work"] / "ddp"
+    reported = json.loads((out / "eval_results.json").read_text())
+    args = glue_runs["args"]
+    data = args[args.index("--validation_file") : args.index("--validation_file") + 2]
+    evaluation = [
+        "--do_eval",
+        "--max_eval_samples",
+        "48",
+        "--max_seq_length",
+        "48",
+        "--per_device_eval_batch_size",
+        "8",
+    ]
+    model = ["--model_name_or_path", str(out), *QUIET, "--output_dir", str(tmp_path / "eval"), "--task_name", "sst2"]
+    again = run_glue.main([*model, *data, *evaluation])
+    assert again["eval_samples"] == reported["eval_samples"] == 48
+    assert again["eval_accuracy"] == reported["eval_accuracy"]
+    assert again["eval_loss"] == pytest.approx(reported["eval_loss"], abs=1e-5)
 
 
 @pytest.mark.slow
@@ -246,17 +317,31 @@ def pretrain_runs(tmp_path_factory, hub_server):
     env = python_env(work / "hf-home", endpoint=hub_server.url)
     checkpoint = work / "fsdp" / f"checkpoint-{PRETRAIN_SAVE_STEPS}"
     runs = {}
-    for name, extra in [
-        ("ddp", []),
-        ("fsdp", [*FSDP, "--push_to_hub", "--hub_model_id", "user/tiny-mlm-fsdp"]),
-        ("resumed", [*FSDP, "--resume_from_checkpoint", str(checkpoint), "--push_to_hub", "--hub_model_id",
-                     "user/tiny-mlm-fsdp-resumed"]),
+    for name, target, extra in [
+        ("ddp", logged("run_pretrain", work / "sample-log"), ["--push_to_hub", "--hub_model_id", "user/tiny-mlm-ddp"]),
+        ("fsdp", script("run_pretrain"), [*FSDP, "--push_to_hub", "--hub_model_id", "user/tiny-mlm-fsdp"]),
+        ("resumed", script("run_pretrain"), [*FSDP, "--resume_from_checkpoint", str(checkpoint), "--push_to_hub",
+                                             "--hub_model_id", "user/tiny-mlm-fsdp-resumed"]),
     ]:  # fmt: skip
-        result, _ = torchrun(
-            [*script("run_pretrain"), *args, "--output_dir", str(work / name), *extra], env=env, cwd=work
-        )
+        result, _ = torchrun([*target, *args, "--output_dir", str(work / name), *extra], env=env, cwd=work)
         runs[name] = result
     return {"work": work, "runs": runs}
+
+
+@pytest.mark.slow
+def test_ddp_pushes_to_the_hub_from_every_process(pretrain_runs, hub_server):
+    """Trainer.push_to_hub saves on every process (under FSDP a collective that hangs when one process skips it),
+    then process 0 uploads: the script must call it on all of them."""
+    work = pretrain_runs["work"]
+    check_completed(pretrain_runs["runs"]["ddp"])
+    log_dir = work / "sample-log"
+    assert sorted(path.name for path in log_dir.glob("rank*-push")) == [f"rank{r}-push" for r in range(PROCESSES)]
+    finals = [json.loads((log_dir / f"rank{rank}-final.json").read_text()) for rank in range(PROCESSES)]
+    assert finals[0]["weights_sha256"] == finals[1]["weights_sha256"], "DDP replicas diverged"
+    pushed = hub_server.read_file("user/tiny-mlm-ddp", "model.safetensors")
+    assert pushed == (work / "ddp" / "model.safetensors").read_bytes()
+    saved = posformers.RoFormerForMaskedLM.from_pretrained(work / "ddp")
+    assert sample_log.weights_digest(saved) == finals[0]["weights_sha256"]
 
 
 @pytest.mark.slow
