@@ -45,6 +45,13 @@ REPO_EDIT = "posformers-test/tiny-roformer-edited"
 REPO_OPTIONS = "posformers-test/tiny-roformer-options"
 REPO_NO_BASE = "posformers-test/tiny-roformer-no-base"
 EXPLICIT_BASE = "posformers-test/some-base"
+# The other two models go through the same push and load: (Auto class, repo, class, config fields, pipeline tag).
+OTHER_MODELS = {
+    "deberta": ("AutoModelForMaskedLM", "posformers-test/tiny-deberta-mlm", posformers.DebertaForMaskedLM,
+                {"conv_kernel_size": 3}, "fill-mask"),
+    "littlebird": ("AutoModelForQuestionAnswering", "posformers-test/tiny-littlebird-qa",
+                   posformers.LittleBirdForQuestionAnswering, {}, "question-answering"),
+}  # fmt: skip
 
 USER_BODY = "\n# My RoFormer\n\nHand-written notes the next push must keep.\n"
 PARTIAL_README = "---\nlicense: mit\ntags:\n- user-tag\n---\n" + USER_BODY
@@ -273,6 +280,7 @@ def test_hub_server_resolve_headers_and_errors(hub_server):
 CHILD_PUSH = """
 import torch
 import posformers
+import transformers
 from huggingface_hub import HfApi
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
@@ -315,18 +323,33 @@ steps["edit_user_full"] = user_writes_card(ARGS["full_readme"], "Complete the ca
 retrain(mlm)
 steps["edit_repush_full"] = mlm.push_to_hub(edit, commit_message="Retrain again").oid
 steps["edit_overwrite"] = mlm.push_to_hub(edit, overwrite_model_card=True, license="mit").oid
+
+steps["others"] = {}
+for folder, repo, auto_name in ARGS["others"]:
+    model = getattr(transformers, auto_name).from_pretrained(folder)
+    model.push_to_hub(repo)
+    steps["others"][repo] = type(model).__name__
 print(json.dumps(steps))
 """
 
 
 @pytest.fixture(scope="module")
 def pushed(hub_server, scratch):
-    """Push tiny models to the local Hub, then load two of them back in a child that cannot import posformers."""
+    """Push tiny models to the local Hub, then load two RoFormers and a model of each other kind back in a child that
+    cannot import posformers."""
     work = scratch / "push"
     work.mkdir()
     mlm, cls = tiny_model("AutoModelForMaskedLM", seed=1), tiny_model("AutoModelForSequenceClassification", seed=2)
     mlm.save_pretrained(work / "mlm")
     cls.save_pretrained(work / "cls")
+    heads = {
+        "mlm": ("AutoModelForMaskedLM", REPO_MLM, mlm),
+        "cls": ("AutoModelForSequenceClassification", REPO_CLS, cls),
+    }
+    for name, (auto_name, repo, model_class, fields, _) in OTHER_MODELS.items():
+        torch.manual_seed(3)
+        heads[name] = (auto_name, repo, model_class(tiny_config(model_class.config_class, **fields)).eval())
+        heads[name][2].save_pretrained(work / name)
     (work / "cls-push").mkdir()
     (work / "cls-push" / "README.md").write_text(LOCAL_README)
     (work / "cls-push" / STALE_FILE).write_text("Left in the folder by an earlier job; not part of this save.\n")
@@ -343,13 +366,10 @@ def pushed(hub_server, scratch):
         "base": EXPLICIT_BASE,
         "partial_readme": PARTIAL_README,
         "full_readme": FULL_README,
+        "others": [[str(work / name), heads[name][1], heads[name][0]] for name in OTHER_MODELS],
     }
     steps = run_python(CHILD_PUSH, args, env=python_env(work / "hf-home-push", endpoint=hub_server.url), cwd=work)
 
-    heads = {
-        "mlm": ("AutoModelForMaskedLM", REPO_MLM, mlm),
-        "cls": ("AutoModelForSequenceClassification", REPO_CLS, cls),
-    }
     jobs = {name: (auto_name, repo, tiny_inputs(auto_name)) for name, (auto_name, repo, _) in heads.items()}
     requests_before = len(hub_server.requests)
     loaded = load_remote(jobs, env=python_env(work / "hf-home-load", endpoint=hub_server.url), cwd=work)
@@ -391,6 +411,21 @@ def test_pushed_model_loads_from_hub_without_posformers(pushed, name):
     assert_no_posformers(pushed["loaded"])
     auto_name, expected = pushed["expected"][name]
     assert_loaded_remotely(pushed["loaded"], name, HEADS[auto_name], expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OTHER_MODELS)
+def test_deberta_and_littlebird_push_and_load_from_hub_without_posformers(pushed, hub_server, name):
+    _, repo, model_class, _, pipeline_tag = OTHER_MODELS[name]
+    assert pushed["steps"]["others"][repo] == model_class.__name__
+    files = set(hub_server.list_files(repo))
+    assert {"README.md", "config.json", "model.safetensors", f"configuration_{name}.py", f"modeling_{name}.py"} <= files
+    auto_map = json.loads(hub_server.read_file(repo, "config.json"))["auto_map"]
+    assert auto_map == getattr(posformers, f"configuration_{name}").AUTO_MAP
+    card = readme(hub_server, repo).data
+    assert card.pipeline_tag == pipeline_tag and card.tags == ["posformers", name]
+    assert_no_posformers(pushed["loaded"])
+    assert_loaded_remotely(pushed["loaded"], name, model_class.__name__, pushed["expected"][name][1])
 
 
 @pytest.mark.slow

@@ -12,14 +12,6 @@ from safetensors.torch import load_file, save_file
 from helpers import run_python
 from helpers.modeling import assert_same_outputs, tensor_outputs
 
-# Loads a saved model with posformers imported and pushes it to the Hub at HF_ENDPOINT; says what it pushed.
-PUSH = """
-import posformers, transformers
-
-model = getattr(transformers, ARGS["auto"]).from_pretrained(ARGS["folder"])
-print(json.dumps({"commit": model.push_to_hub(ARGS["repo"]).oid, "class": type(model).__name__}))
-"""
-
 # Loads each job's model with its Auto class and trust_remote_code=True, saves its tensor outputs and says what it
 # loaded (class, module, mode); then tries to import posformers and lists any posformers module that got imported.
 REMOTE_LOAD = """
@@ -110,9 +102,3 @@ def check_remote_load(
     for name, (_, _, model, inputs) in models.items():
         assert_loaded_remotely(result, name, type(model).__name__, tensor_outputs(model, inputs))
     return result
-
-
-def push_saved(folder: str | os.PathLike, repo: str, auto_name: str, *, env: dict[str, str], cwd) -> dict:
-    """Push the model saved in `folder`, loaded with `auto_name` where posformers is imported, to `repo` on the Hub
-    that `env` names (`python_env(..., endpoint=...)`). Returns {"commit", "class"}."""
-    return run_python(PUSH, {"folder": str(folder), "repo": repo, "auto": auto_name}, env=env, cwd=cwd)

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from helpers import python_env
 from helpers.modeling import (
     check_activation_checkpointing,
     check_preset_overrides,
@@ -20,7 +19,6 @@ from helpers.modeling import (
     tiny_config,
     tiny_fields,
 )
-from helpers.remote import check_remote_load, push_saved
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining
 from transformers.testing_utils import CaptureLogger
@@ -1037,30 +1035,6 @@ def test_model_type_is_distinct_from_transformers():
             model = getattr(transformers, auto_name).from_config(tiny_config(DebertaConfig))
             assert type(model).__name__ == target.rsplit(".", 1)[1]
             assert type(model).__module__.startswith("posformers.")
-
-
-def remote_inputs(auto_name: str) -> dict[str, torch.Tensor]:
-    input_ids, attention_mask, _ = make_batch(choices=2 if auto_name == "AutoModelForMultipleChoice" else None)
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
-
-
-@pytest.mark.slow
-def test_push_to_hub_then_load_from_hub_without_posformers(hub_server, tmp_path):
-    repo = "posformers-test/tiny-deberta-mlm"
-    torch.manual_seed(0)
-    model = DebertaForMaskedLM(tiny_config(DebertaConfig, conv_kernel_size=3)).eval()
-    model.save_pretrained(tmp_path / "mlm")
-    env = python_env(tmp_path / "hf-home-push", endpoint=hub_server.url)
-    pushed = push_saved(tmp_path / "mlm", repo, "AutoModelForMaskedLM", env=env, cwd=tmp_path)
-    assert pushed["class"] == "DebertaForMaskedLM"
-    files = set(hub_server.list_files(repo))
-    assert {"README.md", "config.json", "model.safetensors", "configuration_deberta.py", "modeling_deberta.py"} <= files
-    card = hub_server.read_file(repo, "README.md").decode()
-    assert "posformers" in card and "deberta" in card and "fill-mask" in card
-    env = python_env(tmp_path / "hf-home-load", endpoint=hub_server.url)
-    check_remote_load(
-        {"hub": ("AutoModelForMaskedLM", repo, model, remote_inputs("AutoModelForMaskedLM"))}, env=env, cwd=tmp_path
-    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------

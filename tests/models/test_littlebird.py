@@ -11,10 +11,9 @@ import math
 import pytest
 import torch
 import transformers
-from helpers import python_env
 from helpers.data import DATA_DIR
 from helpers.modeling import check_activation_checkpointing, check_preset_overrides, max_diff, tiny_config
-from helpers.remote import auto_heads, check_remote_load, push_saved
+from helpers.remote import auto_heads
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel
 
@@ -805,42 +804,3 @@ def test_korquad_page_runs_end_to_end_at_full_length():
     assert torch.isfinite(output.start_logits).all() and torch.isfinite(output.loss)
     output.loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Remote code and the Hub
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def head_inputs(auto_name: str) -> dict[str, torch.Tensor]:
-    input_ids, attention_mask, token_type_ids = right_padded_batch([13, 6], 13)
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-    if auto_name == "AutoModelForMultipleChoice":
-        inputs = {key: value[None].expand(2, -1, -1).contiguous() for key, value in inputs.items()}
-    return inputs
-
-
-@pytest.mark.slow
-def test_push_to_hub_and_load_from_the_hub_without_posformers(hub_server, tmp_path):
-    repo = "posformers-test/tiny-littlebird-qa"
-    model = tiny_model(LittleBirdForQuestionAnswering, seed=3)
-    model.save_pretrained(tmp_path / "qa")
-    env = python_env(tmp_path / "hf-home-push", endpoint=hub_server.url)
-    pushed = push_saved(tmp_path / "qa", repo, "AutoModelForQuestionAnswering", env=env, cwd=tmp_path)
-    assert pushed["class"] == "LittleBirdForQuestionAnswering"
-
-    files = set(hub_server.list_files(repo))
-    assert {
-        "README.md",
-        "config.json",
-        "model.safetensors",
-        "configuration_littlebird.py",
-        "modeling_littlebird.py",
-    } <= files
-    assert json.loads(hub_server.read_file(repo, "config.json"))["auto_map"] == AUTO_MAP
-    card = hub_server.read_file(repo, "README.md").decode()
-    assert "pipeline_tag: question-answering" in card and "- littlebird" in card
-
-    env = python_env(tmp_path / "hf-home-load", endpoint=hub_server.url)
-    inputs = head_inputs("AutoModelForQuestionAnswering")
-    check_remote_load({"qa": ("AutoModelForQuestionAnswering", repo, model, inputs)}, env=env, cwd=tmp_path)
