@@ -901,18 +901,6 @@ def test_cached_position_projections_follow_weight_changes(tmp_path):
     assert half.dtype == torch.bfloat16 and torch.isfinite(half).all()
 
 
-@pytest.mark.slow
-def test_torch_compile():
-    torch.manual_seed(0)
-    model = DebertaForMaskedLM(tiny_config(DebertaConfig, conv_kernel_size=3)).eval()
-    input_ids, attention_mask, _ = make_batch()
-    compiled = torch.compile(model)
-    with torch.no_grad():
-        expected = model(input_ids, attention_mask=attention_mask).logits
-        actual = compiled(input_ids, attention_mask=attention_mask).logits
-    assert max_diff(expected, actual, attention_mask) <= 1e-4
-
-
 def test_flex_attention_is_refused_with_a_pointer_to_the_fused_kernel():
     """ "flex_attention" means transformers' FlexAttention kernel, which cannot add the disentangled scores."""
     with pytest.raises(ValueError, match="attn_implementation='posformers_fused'"):
