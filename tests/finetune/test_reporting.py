@@ -140,21 +140,32 @@ def test_without_matplotlib_a_note_instead_of_a_crash(tmp_path, monkeypatch, cap
 
 PUSH = """
 from posformers.finetune import run_mc, run_ner
-{"ner": run_ner, "mc": run_mc}[ARGS["script"]].main(ARGS["argv"])
+for script, argv in ARGS["runs"].items():
+    {"ner": run_ner, "mc": run_mc}[script].main(argv)
 print(json.dumps({"done": True}))
 """
 
 
+@pytest.fixture(scope="module")
+def pushed_runs(tmp_path_factory, hub_server):
+    """posformers-ner and posformers-mc with --push_to_hub, one after the other in one child (HF_ENDPOINT is read
+    at import): {script: (output folder, repo)}."""
+    work = tmp_path_factory.mktemp("push")
+    runs, argvs = {}, {}
+    for script in ("ner", "mc"):
+        _, args = SCRIPTS[script][0](work / script)
+        out, repo = work / script / "out", f"user/tiny-{script}"
+        argvs[script] = [*args, *QUIET, "--output_dir", str(out), "--do_train", "--do_eval", "--max_steps", "2"]
+        argvs[script] += ["--push_to_hub", "--hub_model_id", repo]
+        runs[script] = out, repo
+    run_python(PUSH, {"runs": argvs}, env=python_env(work / "hf-home", endpoint=hub_server.url), cwd=work)
+    return runs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["ner", "mc"])
-def test_push_to_hub_uploads_the_written_card(script, tmp_path, hub_server):
-    _, args = SCRIPTS[script][0](tmp_path)
-    out = tmp_path / "out"
-    repo = f"user/tiny-{script}"
-    argv = [*args, *QUIET, "--output_dir", str(out), "--do_train", "--do_eval", "--max_steps", "2"]
-    argv += ["--push_to_hub", "--hub_model_id", repo]
-    env = python_env(tmp_path / "hf-home", endpoint=hub_server.url)
-    run_python(PUSH, {"argv": argv, "script": script}, env=env, cwd=tmp_path)
+def test_push_to_hub_uploads_the_written_card(script, pushed_runs, hub_server):
+    out, repo = pushed_runs[script]
     files = set(hub_server.list_files(repo))
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "training_curves.png"} <= files, files
     assert hub_server.read_file(repo, "README.md") == (out / "README.md").read_bytes()
