@@ -38,6 +38,7 @@ What goes wrong without this module (transformers 5.23, accelerate 1.15, torch 2
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 import sys
@@ -63,14 +64,19 @@ def collective_failed(error: BaseException) -> bool:
 
 def exit_on_lost_process(main: Callable) -> Callable:
     """Wrap a script's `main(argv=None)`: when a collective fails because another process died or stopped answering,
-    say so in one line (with gloo's or NCCL's message) and exit with LOST_PROCESS_EXIT_STATUS. When `main` returns,
-    the process group is destroyed: left to the interpreter's teardown, gloo's worker threads can still hold tensors
-    and the process dies with SIGABRT ("terminate called without an active exception") after a run that succeeded."""
+    say so in one line (with gloo's or NCCL's message) and exit with LOST_PROCESS_EXIT_STATUS.
+
+    When `main` returns in a multi-process run, the processes wait for each other, the run's objects (the DDP or FSDP
+    model holds the process group) are freed and the process group is destroyed, while the interpreter is whole. Left
+    to the interpreter's teardown, gloo's worker threads can still hold tensors, and a process whose run succeeded
+    died with SIGABRT ("terminate called without an active exception"), which torchrun reports as a failed run."""
 
     @functools.wraps(main)
     def wrapper(argv: list[str] | None = None):
         try:
             result = main(argv)
+            if dist.is_available() and dist.is_initialized():
+                dist.barrier()
         except (RuntimeError, dist.DistError) as error:
             if not collective_failed(error):
                 raise
@@ -88,6 +94,7 @@ def exit_on_lost_process(main: Callable) -> Callable:
             # its worker threads for good, and this process would then never exit.
             os._exit(LOST_PROCESS_EXIT_STATUS)
         if dist.is_available() and dist.is_initialized():
+            gc.collect()  # the Trainer and its wrapped model are in reference cycles
             dist.destroy_process_group()
         return result
 

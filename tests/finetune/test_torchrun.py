@@ -400,13 +400,19 @@ def root_cause(stderr: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in fields}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def dying_runs_started(tmp_path_factory, glue_dir):
+    """The two dying runs start with the module, in the background: the hung one spends most of its time waiting
+    (--ddp_timeout, then torchrun's grace period), time in which the killed one and this module's other launches run.
+    Each has its own folder and torchrun its own free port."""
+    pool = ThreadPoolExecutor(2)
+    yield {how: pool.submit(dying_run, how, tmp_path_factory.mktemp(how), glue_dir) for how in ("kill", "stop")}
+    pool.shutdown(wait=True)
+
+
 @pytest.fixture(scope="module")
-def dying_runs(tmp_path_factory, glue_dir):
-    """The two dying runs at once: the hung one spends most of its time waiting (--ddp_timeout, then torchrun's grace
-    period), time in which the killed one runs. Each has its own folder and torchrun its own free port."""
-    with ThreadPoolExecutor(2) as pool:
-        runs = {how: pool.submit(dying_run, how, tmp_path_factory.mktemp(how), glue_dir) for how in ("kill", "stop")}
-    return {how: run.result() for how, run in runs.items()}
+def dying_runs(dying_runs_started):
+    return {how: run.result() for how, run in dying_runs_started.items()}
 
 
 @pytest.mark.slow
