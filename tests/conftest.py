@@ -27,16 +27,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`: one pytest process per
 LONGEST_FIRST = (
     "tests/integrations/test_onnx.py",
     "tests/finetune/test_torchrun.py",
-    "tests/models/test_half_precision_training.py",
     "tests/finetune/test_kill_resume.py",
-    "tests/models/test_contracts.py",
-    "tests/conversion/test_roformer_conversion.py",
-    "tests/conversion/test_deberta_conversion.py",
     "tests/finetune/test_qa.py",
     "tests/finetune/test_littlebird_recipe.py",
-    "tests/finetune/test_distributed.py",
-    "tests/conversion/test_littlebird_conversion.py",
+    "tests/conversion/test_roformer_conversion.py",
+    "tests/conversion/test_deberta_conversion.py",
+    "tests/models/test_long_inputs.py",
+    "tests/models/test_contracts.py",
+    "tests/models/test_half_precision_training.py",
     "tests/test_packaging.py",
+    "tests/integrations/test_onnx_deploy.py",
 )
 
 

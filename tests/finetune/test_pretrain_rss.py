@@ -419,11 +419,21 @@ def test_distillation_then_rss_in_one_command(contexts, wordpiece, teacher, tmp_
     assert json.loads((tmp_path / "qa" / "config.json").read_text())["qa_head"] == "span_selection"
 
 
+CHAIN_SAVING = ["--save_strategy", "steps", "--save_steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def whole_chain(contexts, wordpiece, teacher, tmp_path_factory):
+    """The distillation -> RSS chain run uninterrupted, saving every 2 steps: (its folder, its metrics)."""
+    whole = tmp_path_factory.mktemp("chain") / "whole"
+    return whole, run_pretrain.main([*chain_argv(contexts, wordpiece, teacher, whole, 8, 4), *CHAIN_SAVING])
+
+
 @pytest.mark.parametrize("stage", ["distill", "rss"])
-def test_the_chain_resumes_from_a_checkpoint_of_either_stage(stage, contexts, wordpiece, teacher, tmp_path):
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    saving = ["--save_strategy", "steps", "--save_steps", "2"]
-    expected = run_pretrain.main([*chain_argv(contexts, wordpiece, teacher, whole, 8, 4), *saving])
+def test_the_chain_resumes_from_a_checkpoint_of_either_stage(
+    stage, contexts, wordpiece, teacher, whole_chain, tmp_path
+):
+    (whole, expected), resumed, saving = whole_chain, tmp_path / "resumed", CHAIN_SAVING
     if stage == "distill":  # stopped after 2 distillation steps
         shutil.copytree(whole / "distill" / "checkpoint-2", resumed / "distill" / "checkpoint-2")
     else:  # stopped after distillation and 2 RSS steps
