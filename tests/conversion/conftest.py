@@ -4,12 +4,17 @@ output in a fresh process with trust_remote_code, and check the --overwrite beha
 Fixtures:
     workdir        a temporary directory for one test
     convert        run the console command in a subprocess (offline, own HF_HOME): convert(*args) -> result
-    convert_here   the same command run in this process (quicker; for refusals and repeat runs): same result type
+    convert_here   the same command run in this process (quicker): same result type
+
+Each model's files run the console command itself in a subprocess where a test is about it (a user's run, --overwrite
+through the command, a push to the Hub); the other conversions run `convert_in_process`, the same `main`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import itertools
 import re
 import shutil
@@ -79,15 +84,21 @@ def convert(workdir):
     return run
 
 
-@pytest.fixture
-def convert_here(capsys):
-    def run(*args) -> ConvertResult:
-        from posformers.conversion import cli
+def convert_in_process(args) -> ConvertResult:
+    """`posformers-convert *args` as its `main` in this process (offline: tests/conftest.py), what it printed
+    captured."""
+    from posformers.conversion import cli
 
-        capsys.readouterr()  # drop what earlier steps printed
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main([str(arg) for arg in args])
-        captured = capsys.readouterr()
-        return ConvertResult(code, captured.out, captured.err)
+    return ConvertResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def convert_here():
+    def run(*args) -> ConvertResult:
+        return convert_in_process(args)
 
     return run
 
@@ -146,12 +157,10 @@ def load_all_with_remote_code(jobs: list[tuple[Path, str, dict]], workdir: Path)
 
 def run_in_process(capsys, *args) -> tuple[int, str]:
     """`posformers-convert *args` run in this process (quicker, for refusals and options): exit status and everything
-    it printed, stdout then stderr."""
-    from posformers.conversion import cli
-
-    code = cli.main([str(arg) for arg in args])
+    it printed (and anything printed before it that `capsys` holds), stdout then stderr."""
+    result = convert_in_process(args)
     captured = capsys.readouterr()
-    return code, captured.out + captured.err
+    return result.returncode, captured.out + result.stdout + captured.err + result.stderr
 
 
 def cli_failure(capsys, *args) -> str:

@@ -29,9 +29,9 @@ from .conftest import (
     ConvertResult,
     check_overwrite_behaviour,
     cli_failure,
+    convert_in_process,
     load_all_with_remote_code,
     load_with_remote_code,
-    run_convert,
     run_in_process,
 )
 
@@ -248,10 +248,12 @@ def test_hf_v1_converts_with_the_enhanced_mask_decoder(workdir, convert, convert
     check_overwrite_behaviour(convert_here, args, output)
 
 
-def test_hf_v2_with_convolution_and_bfloat16_output(workdir, convert, spm_model):
+def test_hf_v2_with_convolution_and_bfloat16_output(workdir, convert_here, spm_model):
     source, output = workdir / "deberta-v2-xlarge", workdir / "out"
     state = write_hf_v2(source, spm_model)
-    result = convert("deberta", "--from", "hf", "--source", source, "--output", output, "--dtype", "bfloat16").check()
+    result = convert_here(
+        "deberta", "--from", "hf", "--source", source, "--output", output, "--dtype", "bfloat16"
+    ).check()
     assert_verified(result, "hidden states", "MLM logits (Enhanced Mask Decoder")
     model = posformers.DebertaForMaskedLM.from_pretrained(output)
     assert model.config.conv_kernel_size == 3 and next(model.parameters()).dtype == torch.bfloat16
@@ -261,10 +263,10 @@ def test_hf_v2_with_convolution_and_bfloat16_output(workdir, convert, spm_model)
     assert tokenizer(TEXT)["input_ids"] == transformers.AutoTokenizer.from_pretrained(source)(TEXT)["input_ids"]
 
 
-def test_hf_v3_discriminator_gives_rtd_and_loads_with_remote_code(workdir, convert, spm_model, capsys):
+def test_hf_v3_discriminator_gives_rtd_and_loads_with_remote_code(workdir, convert_here, spm_model, capsys):
     source, output = workdir / "deberta-v3", workdir / "out"
     state = write_hf_v3(source, spm_model)
-    result = convert("deberta", "--from", "hf", "--source", source, "--output", output).check()
+    result = convert_here("deberta", "--from", "hf", "--source", source, "--output", output).check()
     assert_verified(result, "hidden states", "RTD logits")
     assert "MLM head (lm_predictions)" in result.stdout and "absolute position table" in result.stdout
     model = transformers.AutoModelForPreTraining.from_pretrained(output).eval()
@@ -287,12 +289,12 @@ def test_hf_v3_discriminator_gives_rtd_and_loads_with_remote_code(workdir, conve
 
 
 def convert_once(tmp_path_factory, name: str, source, extra_args=()):
-    """Run the console command once per module on `source` into a directory `name`: (args, output, result)."""
+    """Run the conversion once per module on `source` into a directory `name`: (args, output, result)."""
     base = tmp_path_factory.mktemp(name)
     output = base / name
     args = ["deberta", "--from", "original" if "original" in name else "hf", "--source", source, "--output", output]
     args += list(extra_args)
-    return args, output, run_convert(args, hf_home=base / "hf-home").check()
+    return args, output, convert_in_process(args).check()
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from .conftest import (
     VOCAB_DIR,
     check_overwrite_behaviour,
     cli_failure,
+    convert_in_process,
     load_all_with_remote_code,
-    run_convert,
     run_in_process,
 )
 
@@ -91,12 +91,12 @@ def assert_verified(result) -> dict[str, float]:
 
 
 def convert_once(tmp_path_factory, name: str, write_release, args: list):
-    """Write a teacher release and run the console command on it, once per module: (args, output, result, teacher)."""
+    """Write a teacher release and convert it, once per module: (args, output, result, teacher)."""
     base = tmp_path_factory.mktemp(name)
     source, output = base / "source", base / name
     teacher = write_release(source)
     args = [*args, "--source", source, "--output", output]
-    return args, output, run_convert(args, hf_home=base / "hf-home").check(), teacher
+    return args, output, convert_in_process(args).check(), teacher
 
 
 @pytest.fixture(scope="module")

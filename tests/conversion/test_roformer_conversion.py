@@ -22,9 +22,9 @@ from .conftest import (
     VOCAB_DIR,
     check_overwrite_behaviour,
     cli_failure,
+    convert_in_process,
     load_all_with_remote_code,
     load_with_remote_code,
-    run_convert,
 )
 
 VERIFY_TOLERANCE = 1e-5
@@ -166,11 +166,11 @@ def tf_release(tmp_path_factory):
 
 
 def convert_once(tmp_path_factory, name: str, args: list):
-    """Run the console command for a module-scoped output `name`; returns (args, output, result)."""
+    """Run the conversion for a module-scoped output `name`; returns (args, output, result)."""
     base = tmp_path_factory.mktemp(name)
     output = base / name
     args = [*args, "--output", output]
-    return args, output, run_convert(args, hf_home=base / "hf-home").check()
+    return args, output, convert_in_process(args).check()
 
 
 @pytest.fixture(scope="module")
@@ -347,14 +347,14 @@ def test_hf_hub_checkpoint_converts_pushes_and_loads_with_remote_code(workdir, c
     assert_close(remote["logits"], expected, inputs["attention_mask"])
 
 
-def test_hf_classification_checkpoint_keeps_its_head(workdir, convert, convert_here):
+def test_hf_classification_checkpoint_keeps_its_head(workdir, convert_here):
     config = hf_config("RoFormerForSequenceClassification", num_labels=3, vocab_size=vocab_size(CHAR_VOCAB))
     reference = randomize(transformers.RoFormerForSequenceClassification(config), seed=13)
     source, output = workdir / "roformer_chinese_char_base-cls", workdir / "converted"
     reference.save_pretrained(source)  # transformers 5 writes safetensors
     shutil.copy(CHAR_VOCAB, source / "vocab.txt")
     args = ["roformer", "--from", "hf", "--source", source, "--output", output]
-    result = convert(*args).check()
+    result = convert_here(*args).check()
     assert_verified(result, {"last hidden state", "logits"})
     check_overwrite_behaviour(convert_here, args, output)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(output)
@@ -382,11 +382,11 @@ def write_sim_release(folder, seed: int = 16, **config_overrides):
     return reference, weight, bias
 
 
-def test_hf_sim_checkpoint_keeps_its_pooler(workdir, convert, convert_here, capsys, monkeypatch):
+def test_hf_sim_checkpoint_keeps_its_pooler(workdir, convert_here, capsys, monkeypatch):
     source, output = workdir / "roformer_chinese_sim_char_base", workdir / "converted"
     reference, weight, bias = write_sim_release(source)
     assert "pooler_activation" in json.loads((source / "config.json").read_text())
-    result = convert("roformer", "--from", "hf", "--source", source, "--output", output).check()
+    result = convert_here("roformer", "--from", "hf", "--source", source, "--output", output).check()
     assert_verified(result, {"last hidden state", "logits", "pooler output"})
     assert "pooler_activation='linear'" in result.stdout
 
