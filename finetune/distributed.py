@@ -1,7 +1,7 @@
 """Several processes (torchrun; gloo on CPU): the --ddp_timeout the user set, FSDP that shards, models that load.
 
     @exit_on_data_error
-    @exit_on_lost_process             # a failed collective: one line naming what happened, exit status 1
+    @exit_on_lost_process             # a failed collective: one line, exit status 1; a clean end of the processes
     def main(argv=None):
         ...
         prepare_processes(training_args)  # before building the Trainer
@@ -75,7 +75,8 @@ def exit_on_lost_process(main: Callable) -> Callable:
     def wrapper(argv: list[str] | None = None):
         try:
             result = main(argv)
-            if dist.is_available() and dist.is_initialized():
+            in_process_group = dist.is_available() and dist.is_initialized()
+            if in_process_group:
                 dist.barrier()
         except (RuntimeError, dist.DistError) as error:
             if not collective_failed(error):
@@ -93,7 +94,7 @@ def exit_on_lost_process(main: Callable) -> Callable:
             # Not through the interpreter's teardown: destroying a gloo process group whose peer is gone can wait on
             # its worker threads for good, and this process would then never exit.
             os._exit(LOST_PROCESS_EXIT_STATUS)
-        if dist.is_available() and dist.is_initialized():
+        if in_process_group:
             gc.collect()  # the Trainer and its wrapped model are in reference cycles
             dist.destroy_process_group()
         return result

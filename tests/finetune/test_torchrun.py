@@ -60,7 +60,7 @@ LAUNCH_LIMIT = 300  # seconds for one torchrun launch
 
 def torchrun(target: list[str], *, env: dict[str, str], cwd: Path, timeout: float = LAUNCH_LIMIT):
     """`torchrun --standalone --nproc_per_node 2 <target>`; the launcher and its workers are killed (SIGKILL to the
-    process group) if they outlive `timeout`. Returns (CompletedProcess, the monotonic time it ended)."""
+    process group) if they outlive `timeout`. Returns (CompletedProcess, the time it ended)."""
     launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
     env = {key: value for key, value in env.items() if not key.startswith(launcher)}
     env.update(OMP_NUM_THREADS="1")
@@ -219,15 +219,8 @@ def test_ddp_rank0_metrics_are_those_of_the_saved_model(glue_runs, tmp_path):
     reported = json.loads((out / "eval_results.json").read_text())
     args = glue_runs["args"]
     data = args[args.index("--validation_file") : args.index("--validation_file") + 2]
-    evaluation = [
-        "--do_eval",
-        "--max_eval_samples",
-        "48",
-        "--max_seq_length",
-        "48",
-        "--per_device_eval_batch_size",
-        "8",
-    ]
+    evaluation = ["--do_eval", "--max_eval_samples", "48", "--max_seq_length", "48",
+                  "--per_device_eval_batch_size", "8"]  # fmt: skip
     model = ["--model_name_or_path", str(out), *QUIET, "--output_dir", str(tmp_path / "eval"), "--task_name", "sst2"]
     again = run_glue.main([*model, *data, *evaluation])
     assert again["eval_samples"] == reported["eval_samples"] == 48
@@ -246,7 +239,7 @@ def test_glue_fsdp_trains_and_checkpoints_sharded(glue_runs):
         assert (work / "fsdp" / f"checkpoint-{step}" / "pytorch_model_fsdp.bin").is_file()
         assert not (work / "ddp" / f"checkpoint-{step}" / "pytorch_model_fsdp.bin").exists()
     train = json.loads((work / "fsdp" / "train_results.json").read_text())
-    assert train["train_samples"] == 64
+    assert train["train_samples"] == EXAMPLES
 
 
 @pytest.mark.slow
