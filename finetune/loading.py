@@ -17,10 +17,13 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-import posformers  # noqa: F401  (registers the posformers model types with the Auto classes)
+import posformers  # registers the posformers model types with the Auto classes
 
 from .arguments import ModelArguments
 from .errors import ArgumentError
+
+# transformers' model types whose checkpoints the scripts run on posformers (posformers.enable's)
+DROP_IN_MODEL_TYPES = ("deberta", "deberta-v2", "roformer")
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +151,25 @@ def fit_config_to_tokenizer(config, tokenizer, model_args: ModelArguments):
 
 
 def load_model(model_args: ModelArguments, config, auto_class):
-    """`auto_class` (e.g. AutoModelForSequenceClassification) from --model_name_or_path, or a new model from config."""
+    """`auto_class` (e.g. AutoModelForSequenceClassification) from --model_name_or_path, or a new model from config.
+    A transformers DeBERTa, DeBERTa-v2 or RoFormer checkpoint (model_type "deberta", "deberta-v2", "roformer") runs on
+    posformers (`posformers.enabled()`), and the run's folder stays in transformers' format; one line says so."""
+    if config.model_type not in DROP_IN_MODEL_TYPES:
+        return _load_model(model_args, config, auto_class)
+    with posformers.enabled():
+        model = _load_model(model_args, config, auto_class)
+    if type(model).__module__ == posformers.dropin.__name__:
+        logger.warning(
+            "%s runs on posformers as transformers' %s: same weights, and the output folder stays in transformers' "
+            "format (model_type %r)",
+            model_args.model_name_or_path or f"a new {config.model_type} model",
+            type(model).__name__,
+            config.model_type,
+        )
+    return model
+
+
+def _load_model(model_args: ModelArguments, config, auto_class):
     if model_args.model_name_or_path is None:
         logger.info("training a new %s from scratch", config.model_type)
         return auto_class.from_config(config, trust_remote_code=model_args.trust_remote_code)

@@ -18,6 +18,7 @@ from . import (
 from .configuration_deberta import DebertaConfig
 from .configuration_littlebird import LittleBirdConfig
 from .configuration_roformer import RoFormerConfig
+from .dropin import disable, enable, enabled, is_enabled, optimize
 from .modeling_deberta import *  # noqa: F403 (each modeling file's __all__: its model classes)
 from .modeling_littlebird import *  # noqa: F403
 from .modeling_roformer import *  # noqa: F403
@@ -51,4 +52,9 @@ __all__ = [
     *modeling_deberta.__all__,
     *modeling_littlebird.__all__,
     *modeling_roformer.__all__,
+    "disable",
+    "enable",
+    "enabled",
+    "is_enabled",
+    "optimize",
 ]

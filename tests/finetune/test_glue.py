@@ -2,6 +2,7 @@
 learning, predictions in GLUE's submission format, resuming, the output folder's safety and push_to_hub."""
 
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -9,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
 from helpers import python_env, run_python
 from helpers.sample_log import sample_log_trainer
 from safetensors.torch import load_file
-from transformers import AutoModelForSequenceClassification, EvalPrediction
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, EvalPrediction
 
 import posformers
 from posformers.finetune import run_glue
@@ -465,6 +467,49 @@ def test_other_model_families_train_and_predict(tmp_path, glue_dir, model_type):
     assert model.config.vocab_size == 30522 and model.config.pad_token_id == 0  # from the tokenizer
     lines = (tmp_path / "out" / "SST-2.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction" and [line[:2] for line in lines[1:]] == ["0\t", "1\t"]
+
+
+@pytest.mark.parametrize("model_type", ["roformer", "deberta-v2"])
+def test_a_transformers_checkpoint_runs_on_posformers_and_stays_transformers_format(
+    tmp_path, glue_dir, model_type, caplog
+):
+    """--model_name_or_path a folder in transformers' format (junnyu/roformer_*, microsoft/deberta-v3-*): the script
+    runs posformers' implementation, says so in one line, and writes a transformers folder that transformers alone
+    loads as its own class with the same outputs."""
+    fields = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    if model_type == "roformer":
+        config = transformers.RoFormerConfig(**fields, max_position_embeddings=128)
+    else:
+        config = transformers.DebertaV2Config(
+            **fields, relative_attention=True, pos_att_type="p2c|c2p", position_buckets=32, share_att_key=True,
+            norm_rel_ebd="layer_norm", position_biased_input=False, max_position_embeddings=128,
+        )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.AutoModel.from_config(config).save_pretrained(tmp_path / "checkpoint")
+    shutil.copytree(TOKENIZER_DIR, tmp_path / "checkpoint", dirs_exist_ok=True)
+    with caplog.at_level(logging.WARNING, logger="posformers.finetune.loading"):
+        glue_main(
+            tmp_path,
+            "--task_name", "sst2", "--train_file", str(glue_dir / "sst2" / "dev.tsv"), "--do_train",
+            "--max_steps", "2", "--max_train_samples", "16",
+            model=["--model_name_or_path", str(tmp_path / "checkpoint")],
+        )  # fmt: skip
+    (line,) = [record.getMessage() for record in caplog.records if "runs on posformers" in record.getMessage()]
+    assert line.startswith(f"{tmp_path / 'checkpoint'} runs on posformers as transformers' ")
+    out = tmp_path / "out"
+    written = json.loads((out / "config.json").read_text())
+    assert written["model_type"] == model_type and "auto_map" not in written
+    assert not list(out.glob("*.py"))
+    assert not posformers.is_enabled()
+    theirs = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    assert type(theirs).__module__.startswith("transformers.models.")
+    with posformers.enabled():
+        ours = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    batch = AutoTokenizer.from_pretrained(out)(
+        ["a fine film .", "a dull and overlong film ."], padding=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        assert (theirs(**batch).logits - ours(**batch).logits).abs().max() <= 1e-5
 
 
 # ---------------------------------------------------------------------------------------------------------------------

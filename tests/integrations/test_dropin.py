@@ -1,0 +1,426 @@
+"""The drop-in entry points: `posformers.enable()` (transformers' Auto classes build posformers' models for
+transformers' DeBERTa, DeBERTa-v2 and RoFormer checkpoints) and `posformers.optimize(model)` (a model already built
+runs on posformers, in place). The reference is transformers' own class on the same weights, always."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import peft
+import pytest
+import torch
+import transformers
+from helpers.modeling import max_diff
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+import posformers
+from posformers import dropin
+
+TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+# transformers' config classes and fields of each architecture the drop-in takes (the shapes of the published
+# checkpoints: DeBERTa v1, DeBERTa-v2 with its convolution, DeBERTa-v3, RoFormer)
+FAMILIES = {
+    "v1": ("Deberta", dict(relative_attention=True, pos_att_type="c2p|p2c", max_relative_positions=64)),
+    "v2": (
+        "DebertaV2",
+        dict(
+            relative_attention=True,
+            pos_att_type="p2c|c2p",
+            position_buckets=32,
+            max_relative_positions=64,
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+            position_biased_input=False,
+            conv_kernel_size=3,
+            conv_act="gelu",
+        ),
+    ),
+    "v3": (
+        "DebertaV2",
+        dict(
+            relative_attention=True,
+            pos_att_type="p2c|c2p",
+            position_buckets=32,
+            max_relative_positions=64,
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+            position_biased_input=False,
+        ),
+    ),
+    "roformer": ("RoFormer", dict(type_vocab_size=2)),
+}
+HEADS = ("Model", "ForSequenceClassification", "ForTokenClassification", "ForMaskedLM", "ForMultipleChoice")
+# Sequence-level heads read position 0, a padding token in a left-padded row, whose state transformers computes from
+# padding and posformers leaves at zero: their answers on such rows are compared on right-padded batches only.
+SEQUENCE_HEADS = ("ForSequenceClassification", "ForMultipleChoice")
+PARITY_CASES = [
+    pytest.param(family, head, side, id=f"{family}-{head}-{side}")
+    for family in FAMILIES
+    for head in HEADS
+    for side in ("right", "left")
+    if not (side == "left" and head in SEQUENCE_HEADS)
+    and hasattr(transformers, FAMILIES[family][0] + head)  # transformers' DeBERTa v1 has no multiple choice
+]
+TOL = 1e-5
+
+
+def reference(family: str, head: str, **overrides):
+    """transformers' class for `family` and `head` with random weights (seeded), in eval mode."""
+    prefix, fields = FAMILIES[family]
+    if prefix.startswith("Deberta") and head == "ForMaskedLM":
+        overrides = {"legacy": False, **overrides}  # the legacy head has its own test
+    config = getattr(transformers, f"{prefix}Config")(**{**TINY, **fields, "num_labels": 3, **overrides})
+    torch.manual_seed(0)
+    return getattr(transformers, prefix + head)(config).eval()
+
+
+def batch(head: str, padding_side: str = "right", labels: bool = True) -> tuple[dict, torch.Tensor]:
+    """Inputs with padding (on `padding_side`) and labels for `head`; the 2D mask of its real tokens."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(1, 99, (3, 17), generator=generator)
+    mask = torch.ones_like(input_ids)
+    for row, length in ((1, 11), (2, 6)):
+        if padding_side == "right":
+            mask[row, length:] = 0
+        else:
+            mask[row, : 17 - length] = 0
+    input_ids = input_ids.masked_fill(mask == 0, 0)
+    inputs = dict(input_ids=input_ids, attention_mask=mask, token_type_ids=(torch.arange(17) >= 8).long().expand(3, 17))
+    if labels and head == "ForSequenceClassification":
+        inputs["labels"] = torch.tensor([0, 2, 1])
+    elif labels and head in ("ForTokenClassification", "ForMaskedLM"):
+        classes = 3 if head == "ForTokenClassification" else 99
+        inputs["labels"] = torch.randint(0, classes, (3, 17), generator=generator).masked_fill(mask == 0, -100)
+    if head == "ForMultipleChoice":
+        inputs = {name: tensor[None].expand(2, *tensor.shape).contiguous() for name, tensor in inputs.items()}
+        inputs["labels"] = torch.tensor([1, 2]) if labels else None
+        mask = inputs["attention_mask"].reshape(6, 17)
+    return inputs, mask
+
+
+def saved(model, folder) -> str:
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+def auto_class(model) -> type:
+    """The Auto class transformers maps `model`'s class to."""
+    for name in dropin.AUTO_CLASSES:
+        if getattr(transformers, name)._model_mapping.get(type(model.config), None) is type(model):
+            return getattr(transformers, name)
+    raise AssertionError(f"no Auto class maps to {type(model).__name__}")
+
+
+def per_token(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`tensor`'s rows at real tokens, where posformers and transformers agree (padded positions hold zeros in
+    posformers)."""
+    return (
+        tensor.reshape(*mask.shape, *tensor.shape[-(tensor.dim() - 2) :])[mask.bool()] if tensor.dim() > 2 else tensor
+    )
+
+
+def assert_same_outputs(expected, actual, mask) -> None:
+    for field in ("last_hidden_state", "logits"):
+        if field in expected:
+            diff = max_diff(per_token(expected[field], mask), per_token(actual[field], mask))
+            assert diff <= TOL, f"{field}: {diff}"
+    if expected.get("loss") is not None:
+        assert abs(expected.loss.item() - actual.loss.item()) <= TOL
+    for states in ("hidden_states",):
+        for theirs, ours in zip(expected[states], actual[states], strict=True):
+            assert max_diff(per_token(theirs, mask), per_token(ours, mask)) <= TOL
+    for theirs, ours in zip(expected.attentions, actual.attentions, strict=True):
+        real = mask.bool()[:, None, :, None] & mask.bool()[:, None, None, :]
+        assert max_diff(theirs.masked_fill(~real, 0), ours.masked_fill(~real, 0)) <= TOL
+
+
+@pytest.fixture
+def enabled():
+    with posformers.enabled():
+        yield
+
+
+@pytest.mark.parametrize(("family", "head", "padding_side"), PARITY_CASES)
+def test_enabled_auto_classes_build_posformers_with_transformers_answers(family, head, padding_side, tmp_path):
+    """Every head the Auto classes map to, from a transformers folder: posformers' class under transformers' name,
+    the same outputs, hidden states, attentions and loss at real tokens, and the same gradients."""
+    theirs = reference(family, head)
+    folder, auto = saved(theirs, tmp_path), auto_class(theirs)
+    with posformers.enabled():
+        ours = auto.from_pretrained(folder).eval()
+    assert type(ours).__module__ == "posformers.dropin" and type(ours).__name__ == type(theirs).__name__
+    inputs, mask = batch(head, padding_side)
+    flags = dict(output_hidden_states=True, output_attentions=True)
+    expected, actual = theirs(**inputs, **flags), ours(**inputs, **flags)
+    assert_same_outputs(expected, actual, mask)
+    loss = (lambda out: out.loss) if "labels" in inputs else (lambda out: per_token(out.last_hidden_state, mask).sum())
+    loss(expected).backward()
+    loss(actual).backward()
+    gradients = dict(ours.named_parameters())
+    for name, parameter in theirs.named_parameters():
+        if parameter.grad is not None:
+            scale = parameter.grad.abs().max().clamp_min(1.0)
+            assert max_diff(parameter.grad, gradients[name].grad) <= TOL * scale, name
+
+
+@pytest.mark.parametrize("family", ["v3", "roformer"])
+def test_return_dict_off_gives_transformers_tuple(family, tmp_path, enabled):
+    theirs = reference(family, "ForSequenceClassification")
+    ours = AutoModelForSequenceClassification.from_pretrained(saved(theirs, tmp_path / "a")).eval()
+    inputs, _ = batch("ForSequenceClassification")
+    expected, actual = theirs(**inputs, return_dict=False), ours(**inputs, return_dict=False)
+    assert isinstance(actual, tuple) and len(actual) == len(expected)
+    assert max_diff(expected[1], actual[1]) <= TOL and abs(expected[0].item() - actual[0].item()) <= TOL
+
+
+@pytest.mark.parametrize("family", ["v1", "v3", "roformer"])
+def test_saved_folder_is_transformers_own(family, tmp_path):
+    """A model built while enabled, trained a step and saved, is a transformers folder: the same config.json as
+    transformers' class writes, no auto_map, no code, and without posformers it loads as transformers' class with the
+    same outputs."""
+    theirs = reference(family, "ForSequenceClassification")
+    with posformers.enabled():
+        ours = AutoModelForSequenceClassification.from_pretrained(saved(theirs, tmp_path / "theirs"))
+    ours.config.id2label = {0: "neg", 1: "neutral", 2: "pos"}
+    ours.config.label2id = {"neg": 0, "neutral": 1, "pos": 2}
+    inputs, _ = batch("ForSequenceClassification")
+    ours.train()
+    ours(**inputs).loss.backward()
+    torch.optim.SGD(ours.parameters(), lr=0.1).step()
+    ours.eval()
+    folder = saved(ours, tmp_path / "ours")
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["config.json", "model.safetensors"]
+    written = json.loads((tmp_path / "ours" / "config.json").read_text())
+    theirs.config.id2label, theirs.config.label2id = ours.config.id2label, ours.config.label2id
+    theirs.config.problem_type = ours.config.problem_type  # set by the first loss
+    theirs.save_pretrained(tmp_path / "reference")
+    assert written == json.loads((tmp_path / "reference" / "config.json").read_text())
+    assert "auto_map" not in written and written["model_type"] == theirs.config.model_type
+    assert not posformers.is_enabled()
+    reloaded = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    assert type(reloaded) is type(theirs)
+    assert reloaded.config.id2label == {0: "neg", 1: "neutral", 2: "pos"}
+    assert max_diff(reloaded(**inputs).logits, ours(**inputs).logits) <= TOL
+
+
+@pytest.mark.parametrize("family", ["v3", "roformer"])
+def test_from_config_builds_posformers_and_saves_transformers_files(family, tmp_path, enabled):
+    prefix, fields = FAMILIES[family]
+    config = getattr(transformers, f"{prefix}Config")(**TINY, **fields)
+    model = AutoModel.from_config(config)
+    assert type(model).__module__ == "posformers.dropin"
+    folder = saved(model, tmp_path)
+    written = AutoConfig.from_pretrained(folder).to_dict()
+    expected = config.to_dict() | {"architectures": [type(model).__name__], "dtype": "float32"}
+    expected.pop("_name_or_path", None)
+    assert {key: value for key, value in written.items() if key != "_name_or_path"} == expected
+    posformers.disable()
+    theirs = AutoModel.from_pretrained(folder).eval()
+    inputs, mask = batch("Model", labels=False)
+    with torch.no_grad():
+        assert max_diff(per_token(theirs(**inputs)[0], mask), per_token(model.eval()(**inputs)[0], mask)) <= TOL
+
+
+def test_enable_and_disable_restore_transformers_mapping_exactly():
+    mappings = [getattr(transformers, name)._model_mapping for name in dropin.AUTO_CLASSES]
+    before = [dict(mapping._extra_content) for mapping in mappings]
+    posformers.enable()
+    posformers.enable()  # twice: harmless
+    assert posformers.is_enabled()
+    assert AutoModel._model_mapping[transformers.DebertaV2Config].__module__ == "posformers.dropin"
+    assert AutoModel._model_mapping[transformers.RoFormerConfig].__name__ == "RoFormerModel"
+    assert AutoModel._model_mapping[transformers.BertConfig] is transformers.BertModel  # others untouched
+    posformers.disable()
+    posformers.disable()
+    assert [dict(mapping._extra_content) for mapping in mappings] == before
+    assert AutoModel._model_mapping[transformers.DebertaV2Config] is transformers.DebertaV2Model
+
+
+def test_the_context_manager_restores_the_state_before_it():
+    with posformers.enabled():
+        assert posformers.is_enabled()
+        with posformers.enabled():
+            pass
+        assert posformers.is_enabled()  # the inner block found it enabled and leaves it so
+    assert not posformers.is_enabled()
+    posformers.enable()
+    try:
+        with posformers.enabled():
+            pass
+        assert posformers.is_enabled()
+    finally:
+        posformers.disable()
+
+
+def test_tokenizers_and_configs_are_untouched(enabled, tmp_path):
+    theirs = reference("v3", "Model")
+    config = AutoConfig.from_pretrained(saved(theirs, tmp_path))
+    assert type(config) is transformers.DebertaV2Config
+
+
+@pytest.mark.parametrize("family", ["v1", "v3", "roformer"])
+def test_question_answering_stays_transformers_with_one_warning(family, tmp_path, enabled, caplog):
+    theirs = reference(family, "ForQuestionAnswering")
+    with caplog.at_level(logging.WARNING, logger="posformers.dropin"):
+        model = transformers.AutoModelForQuestionAnswering.from_pretrained(saved(theirs, tmp_path))
+    assert type(model) is type(theirs)
+    warnings = [record.getMessage() for record in caplog.records if record.name == "posformers.dropin"]
+    assert warnings == [
+        f"posformers: {type(theirs).__name__} stays transformers' class: its span loss reads the logits transformers "
+        "computes at padded positions, which posformers does not compute"
+    ]
+
+
+def test_a_config_posformers_cannot_honour_stays_transformers(tmp_path, enabled, caplog):
+    theirs = reference("roformer", "Model", is_decoder=True, add_cross_attention=True)
+    with caplog.at_level(logging.WARNING, logger="posformers.dropin"):
+        model = AutoModel.from_pretrained(saved(theirs, tmp_path))
+    assert type(model) is transformers.RoFormerModel
+    (warning,) = [record.getMessage() for record in caplog.records if record.name == "posformers.dropin"]
+    assert (
+        warning.startswith("posformers: RoFormerModel stays transformers' class: ") and "add_cross_attention" in warning
+    )
+
+
+def test_legacy_deberta_mlm_head_keeps_transformers_head_over_posformers_encoder(tmp_path, enabled):
+    """transformers' default DeBERTa MLM head (legacy, cls.predictions.*): transformers' class, posformers' encoder,
+    the same logits at real tokens."""
+    theirs = reference("v3", "ForMaskedLM", legacy=True)
+    model = AutoModelForMaskedLM.from_pretrained(saved(theirs, tmp_path)).eval()
+    assert type(model) is transformers.DebertaV2ForMaskedLM
+    assert type(model.deberta).__module__ == "posformers.dropin"
+    inputs, mask = batch("ForMaskedLM")
+    expected, actual = theirs(**inputs), model(**inputs)
+    assert max_diff(per_token(expected.logits, mask), per_token(actual.logits, mask)) <= TOL
+    assert abs(expected.loss.item() - actual.loss.item()) <= TOL
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# optimize
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class Wrapper(nn.Module):
+    """A client library's module holding a transformers encoder (as GLiNER2 and sentence-transformers do)."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+        self.scorer = nn.Linear(encoder.config.hidden_size, 1)
+
+    def forward(self, **inputs):
+        return self.scorer(self.encoder(**inputs).last_hidden_state).squeeze(-1)
+
+
+@pytest.mark.parametrize("family", ["v1", "v2", "roformer"])
+def test_optimize_in_place_keeps_parameters_keys_mode_and_answers(family):
+    model = Wrapper(reference(family, "Model"))
+    model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
+    model.train()
+    inputs, mask = batch("Model", labels=False)
+    torch.manual_seed(1)
+    model.eval()
+    with torch.no_grad():
+        expected = model(**inputs)
+    model.train()
+    parameters = {name: parameter for name, parameter in model.named_parameters()}
+    keys = list(model.state_dict())
+    encoder = model.encoder
+    assert posformers.optimize(model) is model
+    assert model.encoder is encoder and type(encoder).__module__ == "posformers.dropin"
+    assert list(model.state_dict()) == keys
+    assert all(parameters[name] is parameter for name, parameter in model.named_parameters())
+    assert len(dict(model.named_parameters())) == len(parameters)
+    assert not encoder.embeddings.word_embeddings.weight.requires_grad
+    assert model.training and encoder.training and encoder.encoder.layer[0].training
+    model.eval()
+    with torch.no_grad():
+        assert max_diff(expected[mask.bool()], model(**inputs)[mask.bool()]) <= TOL
+    assert posformers.optimize(model) is model  # twice: harmless
+
+
+def test_optimize_keeps_the_optimizer_training_the_same_steps():
+    """An optimizer built before `optimize` trains the converted model exactly as it trains transformers' model."""
+    results = []
+    for convert in (False, True):
+        model = reference("v3", "ForSequenceClassification")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        if convert:
+            posformers.optimize(model)
+        inputs, _ = batch("ForSequenceClassification")
+        for _ in range(2):
+            model(**inputs).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        results.append(model.state_dict())
+    for name, tensor in results[0].items():
+        assert max_diff(tensor, results[1][name]) <= TOL, name
+
+
+def test_optimize_keeps_half_precision_and_hooks():
+    model = reference("roformer", "Model").to(torch.bfloat16)
+    calls = []
+    model.register_forward_hook(lambda module, args, output: calls.append(type(module).__name__))
+    posformers.optimize(model)
+    inputs, _ = batch("Model", labels=False)
+    output = model(**inputs).last_hidden_state
+    assert output.dtype == torch.bfloat16 and {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert calls == ["RoFormerModel"]
+
+
+def test_optimize_takes_a_peft_wrapped_model():
+    """LoRA placed by PEFT on transformers' model: the adapters stay in place and take part in the forward."""
+    model = reference("v3", "ForSequenceClassification")
+    config = peft.LoraConfig(
+        r=4, target_modules=["query_proj", "value_proj"], task_type="SEQ_CLS", init_lora_weights=False
+    )
+    wrapped = peft.get_peft_model(model, config).eval()
+    inputs, _ = batch("ForSequenceClassification")
+    expected = wrapped(**inputs)
+    keys = list(wrapped.state_dict())
+    posformers.optimize(wrapped)
+    assert list(wrapped.state_dict()) == keys
+    assert type(wrapped.base_model.model).__module__ == "posformers.dropin"
+    actual = wrapped(**inputs)
+    assert max_diff(expected.logits, actual.logits) <= TOL
+    expected.loss.backward()
+    lora = {name: parameter.grad.clone() for name, parameter in wrapped.named_parameters() if "lora_" in name}
+    wrapped.zero_grad()
+    actual.loss.backward()
+    assert lora and all(
+        max_diff(grad, dict(wrapped.named_parameters())[name].grad) <= TOL for name, grad in lora.items()
+    )
+
+
+def test_optimize_refuses_what_it_cannot_take_in_one_line():
+    bert = transformers.BertModel(transformers.BertConfig(**TINY))
+    with pytest.raises(ValueError, match=r"^posformers.optimize cannot take BertModel: it holds no transformers"):
+        posformers.optimize(bert)
+    with pytest.raises(TypeError, match=r"takes a torch\.nn\.Module, got str"):
+        posformers.optimize("microsoft/deberta-v3-base")
+    wrapped = nn.DataParallel(reference("v3", "Model"))
+    with pytest.raises(ValueError, match=r"wrapped by DataParallel; call posformers.optimize\(model\) before"):
+        posformers.optimize(wrapped)
+
+
+def test_optimize_refuses_a_ddp_wrapped_model(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        wrapped = nn.parallel.DistributedDataParallel(reference("roformer", "Model"))
+        with pytest.raises(ValueError, match=r"wrapped by DistributedDataParallel; call posformers.optimize"):
+            posformers.optimize(wrapped)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_optimize_leaves_question_answering_to_transformers_with_one_warning(caplog):
+    model = reference("v3", "ForQuestionAnswering")
+    with caplog.at_level(logging.WARNING, logger="posformers.dropin"):
+        assert posformers.optimize(model) is model
+    assert type(model) is transformers.DebertaV2ForQuestionAnswering
+    assert type(model.deberta) is transformers.DebertaV2Model
+    assert any("DebertaV2ForQuestionAnswering stays transformers' class" in r.getMessage() for r in caplog.records)
