@@ -169,6 +169,9 @@ class DropInModel:
     # transformers' head multiplies by directly): tied, so never written to a file
     untied_keys: ClassVar[tuple[str, ...]] = ()
     _auto_class = None  # no model code beside the weights: the folder is transformers'
+    # transformers' own saving and pushing, model card included: the files are transformers' model's, not posformers'
+    save_pretrained = PreTrainedModel.save_pretrained
+    push_to_hub = PreTrainedModel.push_to_hub
 
     def __init__(self, config, *inputs, **kwargs):
         super().__init__(self.format_config.from_transformers(config), *inputs, **kwargs)

@@ -424,3 +424,55 @@ def test_optimize_leaves_question_answering_to_transformers_with_one_warning(cap
     assert type(model) is transformers.DebertaV2ForQuestionAnswering
     assert type(model.deberta) is transformers.DebertaV2Model
     assert any("DebertaV2ForQuestionAnswering stays transformers' class" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The Hub
+# ---------------------------------------------------------------------------------------------------------------------
+
+CHILD_PUSH_AND_LOAD = """
+import posformers
+import transformers
+
+posformers.enable()
+model = transformers.AutoModelForSequenceClassification.from_pretrained(ARGS["folder"])
+model.push_to_hub(ARGS["repo"])
+again = transformers.AutoModelForSequenceClassification.from_pretrained(ARGS["repo"])  # from the Hub, enabled
+print(json.dumps({"pushed": type(model).__module__, "loaded": type(again).__module__}))
+"""
+
+CHILD_LOAD_WITHOUT_POSFORMERS = """
+import torch
+import transformers
+
+model = transformers.AutoModelForSequenceClassification.from_pretrained(ARGS["repo"]).eval()
+with torch.no_grad():
+    logits = model(torch.tensor(ARGS["input_ids"]), attention_mask=torch.tensor(ARGS["attention_mask"])).logits
+print(json.dumps({"class": type(model).__module__, "logits": logits.tolist(), "found": POSFORMERS_FOUND}))
+"""
+
+
+def test_from_the_hub_and_push_to_hub_keep_transformers_files(tmp_path, hub_server):
+    """Enabled, a model loads from the Hub on posformers and `push_to_hub` uploads transformers' files (no code, no
+    auto_map), which a process without posformers loads as transformers' class with the same outputs."""
+    from helpers import python_env, run_python
+
+    theirs = reference("v3", "ForSequenceClassification")
+    repo = "posformers-test/dropin-deberta-v3"
+    hub_server.create_repo(repo)
+    args = {"folder": saved(theirs, tmp_path / "folder"), "repo": repo}
+    env = python_env(tmp_path / "hf-home-push", endpoint=hub_server.url)
+    steps = run_python(CHILD_PUSH_AND_LOAD, args, env=env, cwd=tmp_path)
+    assert steps == {"pushed": "posformers.dropin", "loaded": "posformers.dropin"}
+    files = set(hub_server.list_files(repo))
+    assert {"config.json", "model.safetensors"} <= files and not [name for name in files if name.endswith(".py")]
+    config = json.loads(hub_server.read_file(repo, "config.json"))
+    assert config["model_type"] == "deberta-v2" and "auto_map" not in config
+    inputs, mask = batch("ForSequenceClassification", labels=False)
+    args = {"repo": repo, "input_ids": inputs["input_ids"].tolist(), "attention_mask": mask.tolist()}
+    env = python_env(tmp_path / "hf-home-load", endpoint=hub_server.url)
+    loaded = run_python(CHILD_LOAD_WITHOUT_POSFORMERS, args, env=env, cwd=tmp_path, without_posformers=True)
+    assert loaded["class"] == "transformers.models.deberta_v2.modeling_deberta_v2" and not loaded["found"]
+    with torch.no_grad():
+        expected = theirs(inputs["input_ids"], attention_mask=mask).logits
+    assert max_diff(torch.tensor(loaded["logits"]), expected) <= TOL
