@@ -347,11 +347,11 @@ class AutoStandIn:
     the stand-in for the config at hand (`stand_in_for`). It carries transformers' class name and config class,
     which the Auto classes and the pipelines read."""
 
-    def __init__(self, transformers_class: type[PreTrainedModel]):
+    def __init__(self, transformers_class: type[PreTrainedModel], config_class: type | None = None):
         self.transformers_class = transformers_class
         self.__name__ = transformers_class.__name__
         self.__module__ = __name__
-        self.config_class = transformers_class.config_class
+        self.config_class = config_class or transformers_class.config_class
 
     def from_pretrained(self, pretrained_model_name_or_path, *model_args, **kwargs):
         stand_in = stand_in_for(self.transformers_class, kwargs.get("config"))
@@ -521,6 +521,8 @@ def _convert(old: PreTrainedModel) -> None:
         difference = sorted((set(new.state_dict()) - set(ours.untied_keys)) ^ before)[:5]
         raise ValueError(f"posformers.optimize: {type(old).__name__}'s state_dict keys would change: {difference}")
     new.train(old.training)
+    if old.is_activation_checkpointing:
+        new.activation_checkpointing_enable()
     for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_state_dict_hooks"):
         getattr(new, hooks).update(getattr(old, hooks))
     old.__class__ = type(new)
@@ -554,5 +556,18 @@ def optimize(model: nn.Module) -> nn.Module:
             _convert(target)
     return model
 
+
+def _register_drop_in_configs() -> None:
+    """A drop-in model's config (`DebertaV2Format`, ...) given back to an Auto class (`AutoModel.from_config(
+    model.config)`, `from_pretrained(..., config=model.config)`) builds the drop-in model, enabled or not: the config
+    is posformers' own."""
+    formats = {family.model_type: family_format for family, family_format in zip(FAMILIES, FORMATS, strict=True)}
+    for auto_name, config_class, theirs in _registrations():
+        format_config = formats[config_class.model_type]
+        getattr(transformers, auto_name).register(format_config, AutoStandIn(theirs, format_config), exist_ok=True)
+
+
+FORMATS = (DebertaV1Format, DebertaV2Format, RoFormerFormat)
+_register_drop_in_configs()
 
 __all__ = ["disable", "enable", "enabled", "is_enabled", "optimize"]

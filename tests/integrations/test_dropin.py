@@ -476,3 +476,21 @@ def test_from_the_hub_and_push_to_hub_keep_transformers_files(tmp_path, hub_serv
     with torch.no_grad():
         expected = theirs(inputs["input_ids"], attention_mask=mask).logits
     assert max_diff(torch.tensor(loaded["logits"]), expected) <= TOL
+
+
+def test_a_drop_in_config_given_back_to_the_auto_classes_builds_posformers(tmp_path):
+    """`AutoModel.from_config(model.config)` / `from_pretrained(..., config=model.config)` with an optimized model's
+    config, enabled or not, and the config's round trip through its dict."""
+    model = posformers.optimize(reference("v3", "ForSequenceClassification"))
+    assert not posformers.is_enabled()
+    assert type(AutoModelForSequenceClassification.from_config(model.config)) is type(model)
+    reloaded = AutoModel.from_pretrained(saved(model, tmp_path), config=model.config)
+    assert type(reloaded).__module__ == "posformers.dropin" and type(reloaded).__name__ == "DebertaV2Model"
+    assert type(model.config).from_dict(model.config.to_dict()).to_dict() == model.config.to_dict()
+
+
+def test_optimize_keeps_activation_checkpointing():
+    model = reference("roformer", "Model")
+    model.activation_checkpointing_enable()
+    posformers.optimize(model)
+    assert type(model).__module__ == "posformers.dropin" and model.is_activation_checkpointing
