@@ -17,8 +17,9 @@ What stays transformers' code, with one warning line saying why:
 * question answering heads: transformers' span loss reads the logits it computes at padded positions, which
   posformers does not compute, so the loss of a padded batch would differ;
 * a config posformers refuses (a field it does not implement, such as RoFormer's `add_cross_attention`).
-DeBERTa's legacy MLM head (`legacy=True`, transformers' default: `cls.predictions.*`) keeps transformers' head class
-over a posformers encoder, which gives the same logits at real tokens.
+DeBERTa's masked-LM models keep transformers' head class (`cls.predictions.*` with `legacy=True`, transformers'
+default, or `lm_predictions.lm_head.*`, whose layouts differ from posformers' Enhanced Mask Decoder head) over a
+posformers encoder: the same logits at real tokens, and transformers' state_dict keys.
 
 This module is not part of the files `save_pretrained` copies for `trust_remote_code` users: a drop-in model saves
 no code at all.
@@ -165,9 +166,6 @@ class DropInModel:
 
     transformers_class: ClassVar[type[PreTrainedModel]]
     format_config: ClassVar[type[TransformersFormat]]
-    # state_dict keys posformers' class has beside transformers' (a decoder tied to the word embeddings, which
-    # transformers' head multiplies by directly): tied, so never written to a file
-    untied_keys: ClassVar[tuple[str, ...]] = ()
     _auto_class = None  # no model code beside the weights: the folder is transformers'
     # transformers' own saving and pushing, model card included: the files are transformers' model's, not posformers'
     save_pretrained = PreTrainedModel.save_pretrained
@@ -229,9 +227,9 @@ class RoFormerDropIn(DropInModel):
             module.weight.copy_(module.create_weight())
 
 
-class LegacyMaskedLM:
-    """A DeBERTa `...ForMaskedLM` with transformers' legacy head (`legacy=True`, `cls.predictions.*`): transformers'
-    class, its encoder converted by `optimize` (same logits at real tokens)."""
+class HeadOverEncoder:
+    """transformers' head class over a posformers encoder: the model is transformers' class, its base model converted
+    by `optimize` (DeBERTa's masked-LM models)."""
 
     def __init__(self, transformers_class: type[PreTrainedModel]):
         self.transformers_class = transformers_class
@@ -247,8 +245,7 @@ class LegacyMaskedLM:
 class Family:
     """One transformers model type and the posformers module that stands in for it."""
 
-    def __init__(self, model_type, prefix, module, our_prefix, format_config, mixin, heads, untied=None):
-        untied = untied or {}
+    def __init__(self, model_type, prefix, module, our_prefix, format_config, mixin, heads):
         self.model_type, self.prefix = model_type, prefix
         self.classes: dict[type, type] = {}  # transformers' class -> drop-in class
         for head in heads:
@@ -257,7 +254,6 @@ class Family:
             if theirs is None:
                 continue
             attributes = {
-                "untied_keys": untied.get(head, ()),
                 "__module__": __name__,
                 "__qualname__": theirs.__name__,
                 "__doc__": f"posformers' `{ours.__name__}` as transformers' `{theirs.__name__}` (posformers.dropin).",
@@ -268,8 +264,6 @@ class Family:
             self.classes[theirs] = type(theirs.__name__, (mixin, ours), attributes)
 
 
-# transformers' (non-legacy) DeBERTa MLM head multiplies by the word embeddings without a decoder module
-DEBERTA_UNTIED = {"ForMaskedLM": ("lm_predictions.lm_head.decoder.weight", "lm_predictions.lm_head.decoder.bias")}
 FAMILIES = (
     Family(
         "deberta",
@@ -278,8 +272,7 @@ FAMILIES = (
         "Deberta",
         DebertaV1Format,
         DropInModel,
-        ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice"),
-        DEBERTA_UNTIED,
+        ("Model", "ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice"),
     ),
     Family(
         "deberta-v2",
@@ -288,8 +281,7 @@ FAMILIES = (
         "Deberta",
         DebertaV2Format,
         DropInModel,
-        ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice"),
-        DEBERTA_UNTIED,
+        ("Model", "ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice"),
     ),
     Family(
         "roformer",
@@ -309,6 +301,8 @@ FAMILIES = (
     ),
 )
 DROP_IN: dict[type, type] = {theirs: ours for family in FAMILIES for theirs, ours in family.classes.items()}
+# transformers' classes that keep their head and run a posformers encoder (see the module's docstring)
+HEAD_OVER_ENCODER = {transformers.DebertaForMaskedLM, transformers.DebertaV2ForMaskedLM}
 # transformers' classes of these families that keep their own code (see the module's docstring)
 KEPT = {
     getattr(transformers, family.prefix + "ForQuestionAnswering"): QA_REASON
@@ -323,19 +317,15 @@ def _warn_kept(transformers_class: type, reason: str) -> None:
 
 def stand_in_for(transformers_class: type, config):
     """What builds `transformers_class`'s model for `config` while posformers is enabled: its drop-in class, a
-    `LegacyMaskedLM`, or transformers' class itself (with a warning saying why)."""
+    `HeadOverEncoder`, or transformers' class itself (with a warning saying why)."""
     if transformers_class in KEPT:
         _warn_kept(transformers_class, KEPT[transformers_class])
         return transformers_class
+    if transformers_class in HEAD_OVER_ENCODER:
+        return HeadOverEncoder(transformers_class)
     ours = DROP_IN.get(transformers_class)
     if ours is None:
         return transformers_class
-    if (
-        getattr(config, "legacy", False)
-        and transformers_class.__name__.endswith("ForMaskedLM")
-        and "Deberta" in (transformers_class.__name__)
-    ):
-        return LegacyMaskedLM(transformers_class)
     if reason := ours.unsupported(config):
         _warn_kept(transformers_class, reason)
         return transformers_class
@@ -355,10 +345,22 @@ class AutoStandIn:
 
     def from_pretrained(self, pretrained_model_name_or_path, *model_args, **kwargs):
         stand_in = stand_in_for(self.transformers_class, kwargs.get("config"))
+        if "config" in kwargs:
+            kwargs["config"] = config_for(stand_in, kwargs["config"])
         return stand_in.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def _from_config(self, config, **kwargs):
-        return stand_in_for(self.transformers_class, config)._from_config(config, **kwargs)
+        stand_in = stand_in_for(self.transformers_class, config)
+        return stand_in._from_config(config_for(stand_in, config), **kwargs)
+
+
+def config_for(stand_in, config):
+    """A drop-in config (`DebertaV2Format`, ...) handed to transformers' code becomes transformers' config again."""
+    if isinstance(config, TransformersFormat) and not (
+        isinstance(stand_in, type) and issubclass(stand_in, DropInModel)
+    ):
+        return config.to_transformers()
+    return config
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -381,7 +383,7 @@ def _registrations() -> Iterator[tuple[str, type, type]]:
             if config_class not in mapping:
                 continue
             theirs = mapping[config_class]
-            if theirs in DROP_IN or theirs in KEPT:
+            if theirs in DROP_IN or theirs in HEAD_OVER_ENCODER or theirs in KEPT:
                 yield auto_name, config_class, theirs
 
 
@@ -455,7 +457,7 @@ def _targets(model: nn.Module) -> list[nn.Module]:
     found, stack = [], [model]
     while stack:
         module = stack.pop()
-        if type(module) in DROP_IN or type(module) in KEPT:
+        if type(module) in DROP_IN or type(module) in HEAD_OVER_ENCODER or type(module) in KEPT:
             found.append(module)
         else:
             stack.extend(reversed(list(module.children())))
@@ -497,12 +499,10 @@ def _materialize(new: nn.Module, device: torch.device) -> None:
 def _convert(old: PreTrainedModel) -> None:
     """Turn `old` (a transformers model of a drop-in class) into posformers' model in place: same object, same
     parameter tensors and modules, same state_dict keys, same mode."""
-    ours = DROP_IN[type(old)]
-    if getattr(old.config, "legacy", False) and type(old).__name__.endswith("ForMaskedLM"):
-        for child in old.children():
-            if type(child) in DROP_IN:
-                _convert(child)
+    if type(old) in HEAD_OVER_ENCODER:
+        _convert(old.base_model)
         return
+    ours = DROP_IN[type(old)]
     if reason := ours.unsupported(old.config):
         _warn_kept(type(old), reason)
         return
@@ -517,8 +517,8 @@ def _convert(old: PreTrainedModel) -> None:
     _transplant(new, old)
     _materialize(new, parameter.device)
     before = set(old.state_dict())
-    if set(new.state_dict()) - set(ours.untied_keys) != before:
-        difference = sorted((set(new.state_dict()) - set(ours.untied_keys)) ^ before)[:5]
+    if set(new.state_dict()) != before:
+        difference = sorted(set(new.state_dict()) ^ before)[:5]
         raise ValueError(f"posformers.optimize: {type(old).__name__}'s state_dict keys would change: {difference}")
     new.train(old.training)
     if old.is_activation_checkpointing:

@@ -624,6 +624,9 @@ class DisentangledSelfAttention(nn.Module):
         first, count = positions.first_row, positions.num_rows
         cache = positions.cache if self._projects_with_weights_only() else None
         if cache is None:
+            # A pass with autograd may be followed by an optimizer step that does not bump the parameters' in-place
+            # version (fused AdamW, Trainer's default), which the cache key would then miss: drop the cached entry.
+            self._position_cache = None
             rows = self.pos_dropout(rel_embeddings[first : first + count])
             return self.project_positions(rows.flip(0), rows)
         pos_key, pos_query = cache.position_projections(

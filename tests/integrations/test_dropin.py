@@ -150,7 +150,10 @@ def test_enabled_auto_classes_build_posformers_with_transformers_answers(family,
     folder, auto = saved(theirs, tmp_path), auto_class(theirs)
     with posformers.enabled():
         ours = auto.from_pretrained(folder).eval()
-    assert type(ours).__module__ == "posformers.dropin" and type(ours).__name__ == type(theirs).__name__
+    if type(theirs) in dropin.HEAD_OVER_ENCODER:  # DeBERTa's MLM: transformers' head, posformers' encoder
+        assert type(ours) is type(theirs) and type(ours.base_model).__module__ == "posformers.dropin"
+    else:
+        assert type(ours).__module__ == "posformers.dropin" and type(ours).__name__ == type(theirs).__name__
     inputs, mask = batch(head, padding_side)
     flags = dict(output_hidden_states=True, output_attentions=True)
     expected, actual = theirs(**inputs, **flags), ours(**inputs, **flags)
@@ -284,12 +287,13 @@ def test_a_config_posformers_cannot_honour_stays_transformers(tmp_path, enabled,
     )
 
 
-def test_legacy_deberta_mlm_head_keeps_transformers_head_over_posformers_encoder(tmp_path, enabled):
+@pytest.mark.parametrize("family", ["v1", "v3"])
+def test_deberta_mlm_keeps_transformers_head_over_posformers_encoder(family, tmp_path, enabled):
     """transformers' default DeBERTa MLM head (legacy, cls.predictions.*): transformers' class, posformers' encoder,
-    the same logits at real tokens."""
-    theirs = reference("v3", "ForMaskedLM", legacy=True)
+    the same logits at real tokens and the same state_dict keys."""
+    theirs = reference(family, "ForMaskedLM", legacy=True)
     model = AutoModelForMaskedLM.from_pretrained(saved(theirs, tmp_path)).eval()
-    assert type(model) is transformers.DebertaV2ForMaskedLM
+    assert type(model) is type(theirs) and list(model.state_dict()) == list(theirs.state_dict())
     assert type(model.deberta).__module__ == "posformers.dropin"
     inputs, mask = batch("ForMaskedLM")
     expected, actual = theirs(**inputs), model(**inputs)

@@ -876,6 +876,26 @@ def test_inference_caches_and_buffers_give_the_training_path_outputs(variant):
         assert max_diff(expected.logits.detach(), cached.logits, attention_mask) <= TOL
 
 
+def test_cached_position_projections_follow_a_fused_optimizer_step():
+    """Fused AdamW (Trainer's default) updates the parameters without bumping their in-place version: evaluation after
+    a training step must not reuse the projections cached before it."""
+    torch.manual_seed(0)
+    model = DebertaModel(tiny_config(DebertaConfig, initializer_range=0.2)).eval()
+    input_ids, attention_mask, _ = make_batch()
+    with torch.no_grad():
+        model(input_ids, attention_mask=attention_mask)  # fills the caches
+    model.train()
+    model(input_ids, attention_mask=attention_mask).last_hidden_state.sum().backward()
+    torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True).step()
+    model.eval()
+    reference = DebertaModel(tiny_config(DebertaConfig)).eval()
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        actual = model(input_ids, attention_mask=attention_mask).last_hidden_state
+        expected = reference(input_ids, attention_mask=attention_mask).last_hidden_state
+    assert max_diff(actual, expected, attention_mask) <= TOL
+
+
 def test_cached_position_projections_follow_weight_changes(tmp_path):
     torch.manual_seed(0)
     model = DebertaModel(tiny_config(DebertaConfig)).eval()
