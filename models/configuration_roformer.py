@@ -12,6 +12,8 @@ Field names and meanings follow transformers' `RoFormerConfig`, so a `config.jso
 with that name would silently load as transformers' class.
 """
 
+from transformers.utils import logging
+
 from .configuration_common import (
     BASE,
     LARGE,
@@ -23,6 +25,8 @@ from .configuration_common import (
     check_integer,
     check_number,
 )
+
+logger = logging.get_logger(__name__)
 
 # Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
 # `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
@@ -255,9 +259,11 @@ class RoFormerConfig(EncoderConfig):
         if missing := required - given:
             raise ValueError(f"RoFormerConfig.rope_parameters of type {rope_type!r} needs the key(s) {sorted(missing)}")
         if unknown := given - required - optional:
-            raise ValueError(
-                f"RoFormerConfig.rope_parameters of type {rope_type!r} does not take the key(s) {sorted(unknown)}; "
-                f"allowed: {sorted(required | optional | {'rope_theta', 'partial_rotary_factor'})}"
+            # transformers' rope validation warns and keeps them (its own tests write original_max_position_embeddings
+            # into every type), and a config it accepts must load here too
+            logger.warning(
+                f"RoFormerConfig.rope_parameters of type {rope_type!r} ignores the key(s) {sorted(unknown)}; it reads "
+                f"{sorted(required | optional | {'rope_theta', 'partial_rotary_factor'})}"
             )
         check_number("RoFormerConfig.rope_parameters['rope_theta']", parameters["rope_theta"])
         if "factor" in required:

@@ -26,6 +26,7 @@ layers, loading): `save_pretrained` copies them to the Hub for `trust_remote_cod
 """
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 
@@ -50,11 +51,21 @@ from .heads import (
     GenericForSequenceClassification,
     GenericForTokenClassification,
     LabelledHead,
+    per_item_loss,
 )
 from .inputs import EncoderForward
 from .layers import Intermediate, ResidualOutput
 from .loading import CheckedLoadingMixin, checkpoint_names
-from .packing import AttentionGroup, PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
+from .packing import (
+    AttentionGroup,
+    PackedBatch,
+    grouped_attention,
+    keep_states,
+    plan_packing,
+    pop_cu_seq_lens,
+    state_shower,
+    zero_padding,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -881,11 +892,16 @@ class DebertaEncoder(nn.Module):
         packing: PackedBatch | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
+        show_states=keep_states,
         **kwargs,
     ) -> BaseModelOutput:
         """hidden_states: the embeddings, (B, L, hidden), or with `packing` the packed (1, N, hidden) tokens;
-        input_mask (B, L) bool and attention_mask (bool, broadcastable to (B, H, L, L)) from `attention_masks`."""
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        input_mask (B, L) bool and attention_mask (bool, broadcastable to (B, H, L, L)) from `attention_masks`;
+        show_states: how the hidden states are handed back (`state_shower`)."""
+        all_hidden_states = None
+        if output_hidden_states:
+            shown, hidden_states = show_states(hidden_states)
+            all_hidden_states = (shown,)
         all_attentions = () if output_attentions else None
         positions = self.relative_positions(hidden_states, packing)
         rel_embeddings = self.get_rel_embedding(positions)
@@ -903,7 +919,8 @@ class DebertaEncoder(nn.Module):
             if i == 0 and hasattr(self, "conv"):
                 hidden_states = self.conv(embedding_output, hidden_states, input_mask, packing)
             if output_hidden_states:
-                all_hidden_states += (hidden_states,)
+                shown, hidden_states = show_states(hidden_states)
+                all_hidden_states += (shown,)
             if output_attentions:
                 all_attentions += (weights,)
         return BaseModelOutput(
@@ -1019,18 +1036,20 @@ class DebertaModel(EncoderForward, DebertaPreTrainedModel):
             position_ids = torch.arange(seq_len, device=device)[None]
         input_mask, mask = attention_masks(attention_mask, device)
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, input_mask, inputs_embeds)
+        # zeros at padded positions, as the padding-free path leaves them
+        restore = functools.partial(zero_padding, attention_mask=attention_mask)
         output = self.encoder(
             hidden_states,
             input_mask,
             mask,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            show_states=state_shower(restore, None),
             **kwargs,
         )
-        # zeros at padded positions, as the padding-free path leaves them
-        output.last_hidden_state = zero_padding(output.last_hidden_state, attention_mask)
-        if output.hidden_states is not None:
-            output.hidden_states = tuple(zero_padding(h, attention_mask) for h in output.hidden_states)
+        output.last_hidden_state = (
+            output.hidden_states[-1] if output_hidden_states else restore(output.last_hidden_state)
+        )
         return output
 
     def plan_packing(
@@ -1068,11 +1087,19 @@ class DebertaModel(EncoderForward, DebertaPreTrainedModel):
         input_ids = packing.pack(input_ids) if input_ids is not None else None
         inputs_embeds = packing.pack(inputs_embeds) if inputs_embeds is not None else None
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, None, inputs_embeds)
-        output = self.encoder(hidden_states, None, None, packing, output_hidden_states=output_hidden_states, **kwargs)
+        output = self.encoder(
+            hidden_states,
+            None,
+            None,
+            packing,
+            output_hidden_states=output_hidden_states,
+            show_states=state_shower(packing.restore, packing),
+            **kwargs,
+        )
         hidden = output.hidden_states
         return BaseModelOutput(
-            last_hidden_state=packing.restore(output.last_hidden_state),
-            hidden_states=tuple(packing.restore(h) for h in hidden) if hidden is not None else None,
+            last_hidden_state=hidden[-1] if hidden is not None else packing.restore(output.last_hidden_state),
+            hidden_states=hidden,
         )
 
 
@@ -1272,12 +1299,13 @@ class DebertaForReplacedTokenDetection(LabelledHead, DebertaPreTrainedModel):
     def head_logits(self, outputs, packing, attention_mask, position_ids) -> torch.Tensor:
         return self.mask_predictions(outputs.last_hidden_state, packing, attention_mask)
 
-    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
+    def head_loss(self, logits, labels, attention_mask, num_items_in_batch=None, **kwargs) -> torch.Tensor:
         labels = labels.to(logits.device)
         active = labels != -100
         if attention_mask is not None and attention_mask.dim() == 2:
             active = active & attention_mask.to(device=logits.device, dtype=torch.bool)
-        return BCEWithLogitsLoss()(logits[active].float(), labels[active].float())
+        loss = BCEWithLogitsLoss()(logits[active].float(), labels[active].float())
+        return per_item_loss(loss, labels, num_items_in_batch)
 
 
 class DebertaContextPooler(nn.Module):
@@ -1341,9 +1369,10 @@ class DebertaForSequenceClassification(
         self.num_labels = config.num_labels
         self.add_classifier(config, config.num_labels)
 
-    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
+    def head_loss(self, logits, labels, attention_mask, num_items_in_batch=None, **kwargs) -> torch.Tensor:
         # not self.loss_function: DeBERTa's own loss ignores negative labels and takes soft labels
-        return _sequence_classification_loss(self.config, logits, labels, self.num_labels)
+        loss = _sequence_classification_loss(self.config, logits, labels, self.num_labels)
+        return per_item_loss(loss, labels, num_items_in_batch)
 
 
 class DebertaForTokenClassification(GenericForTokenClassification, DebertaPreTrainedModel): ...

@@ -57,7 +57,15 @@ from .heads import (
 from .inputs import EncoderForward, check_padding_mask, check_per_token
 from .layers import Intermediate, ResidualOutput, TokenEmbeddings
 from .loading import CheckedLoadingMixin
-from .packing import PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
+from .packing import (
+    PackedBatch,
+    grouped_attention,
+    keep_states,
+    plan_packing,
+    pop_cu_seq_lens,
+    state_shower,
+    zero_padding,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -1068,11 +1076,16 @@ class LittleBirdEncoder(nn.Module):
         packing: PackedBatch | None = None,
         output_attentions=False,
         output_hidden_states=False,
+        show_states=keep_states,
         **kwargs,
     ) -> "LittleBirdModelOutput":
         """The padded path gets the batch's `layout`, built once per pass; the padding-free one the `packing`, on
-        which the layers memoise their group layouts."""
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        which the layers memoise their group layouts. show_states: how the hidden states are handed back
+        (`state_shower`)."""
+        all_hidden_states = None
+        if output_hidden_states:
+            shown, hidden_states = show_states(hidden_states)
+            all_hidden_states = (shown,)
         all_pack_states = (pack_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         all_pack_attentions = () if output_attentions else None
@@ -1081,7 +1094,8 @@ class LittleBirdEncoder(nn.Module):
                 hidden_states, pack_states, layout, packing, output_attentions=output_attentions, **kwargs
             )
             if output_hidden_states:
-                all_hidden_states += (hidden_states,)
+                shown, hidden_states = show_states(hidden_states)
+                all_hidden_states += (shown,)
                 all_pack_states += (pack_states,)
             if output_attentions:
                 all_attentions += (weights,)
@@ -1207,6 +1221,7 @@ class LittleBirdModel(EncoderForward, LittleBirdPreTrainedModel):
             dtype = attention_dtype(hidden_states)
             layout = attention_layout(config, attention_mask, shape, dtype, hidden_states.device)
         pack_states = self.embeddings.pack_embeddings.expand(packing.rows if packing else shape[0], -1, -1)
+        restore = packing.restore if packing is not None else lambda states: zero_padding(states, attention_mask)
         output = self.encoder(
             hidden_states,
             pack_states,
@@ -1214,12 +1229,13 @@ class LittleBirdModel(EncoderForward, LittleBirdPreTrainedModel):
             packing,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            show_states=state_shower(restore, packing),
             **kwargs,
         )
-        restore = packing.restore if packing is not None else lambda states: zero_padding(states, attention_mask)
-        output.last_hidden_state = restore(output.last_hidden_state)
         if output_hidden_states:
-            output.hidden_states = tuple(restore(states) for states in output.hidden_states)
+            output.last_hidden_state = output.hidden_states[-1]
+        else:
+            output.last_hidden_state = restore(output.last_hidden_state)
         return output
 
 

@@ -49,7 +49,15 @@ from .heads import (
 from .inputs import EncoderForward
 from .layers import Intermediate, ResidualOutput, TokenEmbeddings
 from .loading import CheckedLoadingMixin
-from .packing import PackedBatch, grouped_attention, plan_packing, pop_cu_seq_lens, zero_padding
+from .packing import (
+    PackedBatch,
+    grouped_attention,
+    keep_states,
+    plan_packing,
+    pop_cu_seq_lens,
+    state_shower,
+    zero_padding,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -79,14 +87,14 @@ def rope_inverse_frequencies(config: RoFormerConfig, seq_len: int | None = None)
     if rope_type == "linear":
         return inv_freq / factor, 1.0
     if rope_type == "yarn":
-        return _yarn_inverse_frequencies(inv_freq, parameters, dim, base)
+        original_max = parameters.get("original_max_position_embeddings") or config.max_position_embeddings
+        return _yarn_inverse_frequencies(inv_freq, parameters, dim, base, original_max)
     return inv_freq, 1.0
 
 
-def _yarn_inverse_frequencies(inv_freq, parameters, dim, base) -> tuple[torch.Tensor, float]:
+def _yarn_inverse_frequencies(inv_freq, parameters, dim, base, original_max) -> tuple[torch.Tensor, float]:
     """YaRN (Peng et al. 2023): interpolate low frequencies, keep high ones, ramp in between (transformers' formula)."""
     factor = float(parameters["factor"])
-    original_max = parameters["original_max_position_embeddings"]
 
     def mscale(scale, m=1.0):
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -174,6 +182,10 @@ class RoFormerRotaryEmbedding(nn.Module):
     Positions up to `max_position_embeddings` come from a cached, non-persistent table: computed here, so that a model
     built without weight initialisation has it, and again in `_init_weights`, so that a model created on the meta
     device by `from_pretrained` gets real values; longer inputs and dynamic NTK scaling compute theirs on the fly.
+
+    Called as transformers' rotary embeddings are, `rotary_emb(x, position_ids)` gives cos and sin; the model itself
+    calls `rotation`, which lays them out for `apply_rotary`. `inv_freq` holds the frequencies of the last call (for
+    dynamic NTK scaling, those of the longest input seen so far), as transformers' modules hold theirs.
     """
 
     def __init__(self, config: RoFormerConfig):
@@ -183,6 +195,8 @@ class RoFormerRotaryEmbedding(nn.Module):
         cos, sin = self.compute_tables(torch.arange(config.max_position_embeddings))
         self.register_buffer("cos_cached", cos, persistent=False)
         self.register_buffer("sin_cached", sin, persistent=False)
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config)[0].float(), persistent=False)
+        self.longest_seen = config.max_position_embeddings
 
     def compute_tables(self, positions: torch.Tensor, seq_len: int | None = None):
         inv_freq, scale = rope_inverse_frequencies(self.config, seq_len)
@@ -193,9 +207,26 @@ class RoFormerRotaryEmbedding(nn.Module):
         cos, sin = self.compute_tables(positions)
         init.copy_(self.cos_cached, cos)
         init.copy_(self.sin_cached, sin)
+        init.copy_(self.inv_freq, rope_inverse_frequencies(self.config)[0].float())
 
     @torch.no_grad()
-    def forward(
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' rotary call: cos and sin at `position_ids` (B or 1, L), each (B or 1, L, rotary_dim) in x's
+        dtype and on its device, every frequency repeated over the pair of features it rotates as `rope_layout` places
+        them ("half": transformers' own layout), YaRN's attention factor included."""
+        total_length = int(position_ids.max()) + 1 if position_ids.numel() else 0
+        cos, sin = self.half_tables(position_ids.to(x.device), total_length, from_table=False)
+        if self.dynamic and total_length > self.longest_seen:  # transformers' dynamic modules grow theirs likewise
+            self.longest_seen = total_length
+            self.inv_freq = rope_inverse_frequencies(self.config, total_length)[0].float().to(x.device)
+        if self.config.rope_layout == "interleaved":
+            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+        else:
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+    @torch.no_grad()
+    def rotation(
         self,
         position_ids: torch.Tensor,
         total_length: int,
@@ -212,6 +243,11 @@ class RoFormerRotaryEmbedding(nn.Module):
         `scaling_length` (default `total_length`): the length dynamic NTK scaling sizes its base for, that of the
         longest real sequence where padding makes `total_length` longer.
         """
+        cos, sin = self.half_tables(position_ids, total_length, from_table, scaling_length)
+        return expand_cos_sin(cos[:, :, None].to(dtype), sin[:, :, None].to(dtype), self.config.rope_layout)
+
+    def half_tables(self, position_ids, total_length: int, from_table: bool = True, scaling_length: int | None = None):
+        """cos, sin (B or 1, L, rotary_dim / 2) in float32: from the cached table where it serves, else computed."""
         max_cached = self.config.max_position_embeddings
         # An exported graph (ONNX) must serve every length: it computes the tables, never branching on the length.
         exporting = torch.compiler.is_exporting()
@@ -222,11 +258,8 @@ class RoFormerRotaryEmbedding(nn.Module):
                 "rope_parameters configure no scaling: rotary positions extrapolate beyond the trained length."
             )
         if not from_table or exporting or total_length > max_cached or self.cos_cached.device.type == "meta":
-            cos, sin = self.compute_tables(position_ids, seq_len=scaling_length or total_length)
-        else:
-            cos, sin = self.cos_cached[position_ids], self.sin_cached[position_ids]
-        cos, sin = expand_cos_sin(cos[:, :, None].to(dtype), sin[:, :, None].to(dtype), self.config.rope_layout)
-        return cos, sin
+            return self.compute_tables(position_ids, seq_len=scaling_length or total_length)
+        return self.cos_cached[position_ids], self.sin_cached[position_ids]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -552,16 +585,22 @@ class RoFormerEncoder(nn.Module):
         position_embeddings,
         output_attentions=False,
         output_hidden_states=False,
+        show_states=keep_states,
         **kwargs,
     ) -> BaseModelOutput:
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        """show_states: how the hidden states are handed back (`state_shower`)."""
+        all_hidden_states = None
+        if output_hidden_states:
+            shown, hidden_states = show_states(hidden_states)
+            all_hidden_states = (shown,)
         all_attentions = () if output_attentions else None
         for layer_module in self.layer:
             hidden_states, weights = layer_module(
                 hidden_states, attention_mask, position_embeddings, output_attentions=output_attentions, **kwargs
             )
             if output_hidden_states:
-                all_hidden_states += (hidden_states,)
+                shown, hidden_states = show_states(hidden_states)
+                all_hidden_states += (shown,)
             if output_attentions:
                 all_attentions += (weights,)
         return BaseModelOutput(
@@ -803,6 +842,13 @@ class RoFormerModel(EncoderForward, RoFormerPreTrainedModel):
         mask = key_padding_mask = None
         if packing is None:
             mask, key_padding_mask = attention_masks(config, hidden_states, attention_mask, past_key_values, causal)
+        if packing is not None:
+            restore = packing.restore
+        elif keep_padding_states or attention_mask is None:
+            restore = lambda states: states  # noqa: E731
+        else:
+            new_tokens = attention_mask[:, -hidden_states.shape[1] :] if attention_mask.dim() == 2 else None
+            restore = functools.partial(zero_padding, attention_mask=new_tokens)
         encoder_output = self.encoder(
             hidden_states,
             mask,
@@ -812,20 +858,14 @@ class RoFormerModel(EncoderForward, RoFormerPreTrainedModel):
             past_key_values=past_key_values,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            show_states=state_shower(restore, packing),
             **kwargs,
         )
-
-        if packing is not None:
-            restore = packing.restore
-        elif keep_padding_states or attention_mask is None:
-            restore = lambda states: states  # noqa: E731
-        else:
-            new_tokens = attention_mask[:, -hidden_states.shape[1] :] if attention_mask.dim() == 2 else None
-            restore = functools.partial(zero_padding, attention_mask=new_tokens)
-        sequence_output = restore(encoder_output.last_hidden_state)
         all_hidden_states = encoder_output.hidden_states
         if all_hidden_states is not None:
-            all_hidden_states = tuple(restore(states) for states in all_hidden_states)
+            sequence_output = all_hidden_states[-1]
+        else:
+            sequence_output = restore(encoder_output.last_hidden_state)
         pooler_output = None
         if self.pooler is not None:
             pooler_output = self.pooler(first_token_states(sequence_output, packing))
@@ -879,7 +919,7 @@ class RoFormerModel(EncoderForward, RoFormerPreTrainedModel):
             if packing is None and attention_mask is not None and attention_mask.dim() == 2:
                 real_tokens = attention_mask[:, -seq_len:].bool()
             scaling_length = real_position_extent(position_ids, real_tokens, total_length)
-        return self.rotary_emb(
+        return self.rotary_emb.rotation(
             position_ids, total_length, hidden_states.dtype, from_table=from_table, scaling_length=scaling_length
         )
 

@@ -323,6 +323,27 @@ def plan_packing(
     return pack_padded(attention_mask)
 
 
+def state_shower(restore, packing: PackedBatch | None):
+    """How an encoder hands back its per-layer hidden states (`output_hidden_states`): `show(states)` gives the state
+    in the input's layout (`restore(states)`: zeros at padding) and the tensor the next layer reads, taken from it.
+    The returned states are then the ones the model computed with, so a gradient retained on one (`retain_grad()`,
+    as saliency and attribution tools do) arrives; reading zeros at padded positions changes nothing at real tokens,
+    where padding is masked out of attention."""
+
+    def show(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shown = restore(states)
+        if packing is None or packing.flattened:
+            return shown, shown
+        return shown, packing.pack(shown)
+
+    return show
+
+
+def keep_states(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`state_shower` of an encoder called on its own: the states as they are."""
+    return states, states
+
+
 def zero_padding(states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """(B, L, ...) per-token outputs of the padded path with zeros at padded positions (2D mask: 0 = padding), as the
     padding-free path leaves them: a row's outputs do not depend on which path its batch took."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import re
 import warnings
 
@@ -108,13 +109,9 @@ def test_partial_rotary_factor_inside_rope_parameters_is_the_field():
         ({"rope_type": "linear"}, r"RoFormerConfig\.rope_parameters of type 'linear' needs the key\(s\) \['factor'\]"),
         ({"rope_type": "linear", "factor": "2"}, r"RoFormerConfig\.rope_parameters\['factor'\] must be a number"),
         ({"rope_type": "default", "rope_theta": -1.0}, r"RoFormerConfig\.rope_parameters\['rope_theta'\] must be"),
-        (
-            {"rope_type": "default", "factor": 2.0},
-            r"RoFormerConfig\.rope_parameters of type 'default' does not take the key\(s\) \['factor'\]",
-        ),
         ({"rope_type": "yarn", "factor": 2.0, "beta_slow": 0}, r"RoFormerConfig\.rope_parameters\['beta_slow'\]"),
     ],
-    ids=["not_a_dict", "unknown_type", "missing_key", "string_factor", "negative_theta", "extra_key", "zero_beta"],
+    ids=["not_a_dict", "unknown_type", "missing_key", "string_factor", "negative_theta", "zero_beta"],
 )
 def test_bad_rope_parameters_is_a_one_line_error_naming_the_field(tmp_path, parameters, field):
     with pytest.raises(ValueError, match=field) as raised:
@@ -128,6 +125,26 @@ def test_bad_rope_parameters_is_a_one_line_error_naming_the_field(tmp_path, para
     config_file.write_text(json.dumps({**tiny_config(RoFormerConfig).to_dict(), "rope_parameters": parameters}))
     with pytest.raises(ValueError, match=f"^{re.escape(str(config_file))}: {field}"):
         RoFormerConfig.from_pretrained(tmp_path)
+
+
+def test_keys_a_rope_type_does_not_read_are_kept_with_a_warning_as_transformers_does(caplog):
+    """transformers' rope validation warns about keys a rope_type does not read and keeps them (its own model tests
+    write `original_max_position_embeddings` into a "default" config): such a config loads here too, and the warning
+    names the keys."""
+    parameters = {"rope_type": "default", "rope_theta": 10000.0, "original_max_position_embeddings": 16384}
+    with caplog.at_level(logging.WARNING, logger="posformers.configuration_roformer"):
+        config = tiny_config(RoFormerConfig, rope_parameters=parameters)
+    assert config.rope_parameters == parameters
+    assert any(
+        "rope_parameters of type 'default' ignores the key(s) ['original_max_position_embeddings']" in r.getMessage()
+        for r in caplog.records
+    )
+    model = RoFormerModel(config).eval()
+    reference = RoFormerModel(tiny_config(RoFormerConfig)).eval()
+    reference.load_state_dict(model.state_dict())
+    input_ids = torch.arange(1, 20)[None]
+    with torch.no_grad():
+        assert torch.equal(model(input_ids).last_hidden_state, reference(input_ids).last_hidden_state)
 
 
 def test_rope_parameters_and_legacy_rope_scaling_together_are_refused():
