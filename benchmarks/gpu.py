@@ -116,7 +116,7 @@ def disentangled_flash(smoke: bool, lengths) -> Callable[[], nn.Module]:
     from disentangled_flash import optimize_deberta
 
     def build():
-        model = DebertaV2Model(deberta_config(smoke))
+        model = DebertaV2Model(deberta_config(smoke)).eval()  # its default inference mode prepares eval models only
         optimize_deberta(model, sequence_lengths=sorted(set(lengths)))
         return model
 
