@@ -195,13 +195,14 @@ class DropInModel:
             isinstance(config, PreTrainedConfig)
             and (stand_in := stand_in_for(cls.transformers_class, config)) is not cls
         ):
+            kwargs["config"] = config_for(stand_in, config)
             return stand_in.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     @classmethod
     def _from_config(cls, config, **kwargs):
         if (stand_in := stand_in_for(cls.transformers_class, config)) is not cls:
-            return stand_in._from_config(config, **kwargs)
+            return stand_in._from_config(config_for(stand_in, config), **kwargs)
         return super()._from_config(config, **kwargs)
 
 
