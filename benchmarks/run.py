@@ -14,6 +14,9 @@ realbatch.md and a plot, realbatch.png; of the options below it takes --quick (t
 cell), --families, --threads, --max-other-cpu, --no-memory and --output. `gpu` runs benchmarks/gpu.py (the GPU suite,
 `python -m benchmarks.gpu`) with --device, --dtype, --output, and --quick as its --smoke. `deploy` runs
 benchmarks/deploy.py (CPU deployment: ONNX Runtime float32 and int8 against PyTorch) with --quick, --threads, --output.
+`clients` runs benchmarks/clients.py (transformers pipelines, a Trainer step, sentence-transformers and GLiNER2 as
+shipped and on posformers' drop-in; writes clients.json, .md and .png) with --quick (tiny models, a few items),
+--threads, --repeats, --max-other-cpu and --output.
 
 On CPU the torch thread count is fixed for the whole run (`--threads`, default: every core) and recorded; models run
 in float32. With CUDA available they run on the GPU in bfloat16.
@@ -36,7 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     suite = parser.add_mutually_exclusive_group(required=True)
     suite.add_argument("--model", choices=sorted(SUITES), help="benchmark suite of one model")
-    suite.add_argument("--suite", choices=[*sorted(SUITES), "realbatch", "gpu", "deploy"], help="benchmark suite")
+    suite.add_argument(
+        "--suite", choices=[*sorted(SUITES), "realbatch", "gpu", "deploy", "clients"], help="benchmark suite"
+    )
     parser.add_argument(
         "--families",
         nargs="+",
@@ -115,6 +120,24 @@ def run_deploy(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_clients(args: argparse.Namespace) -> int:
+    """benchmarks/clients.py with --quick, --threads, --repeats, --max-other-cpu and --output."""
+    from . import clients
+
+    options = clients.Options(
+        quick=args.quick,
+        threads=args.threads,
+        repeats=args.repeats,
+        # A quick run only checks that every cell runs: no waiting for a quiet machine.
+        max_foreign_cpu=None if args.quick else args.max_other_cpu or None,
+    )
+    report, written = clients.main(options, args.output)
+    sys.stdout.write(clients.format_markdown(report))
+    for kind, where in written.items():
+        print(f"{kind}: {where}")
+    return 1 if report["failures"] else 0
+
+
 def run_gpu(args: argparse.Namespace) -> int:
     """`python -m benchmarks.gpu` (see benchmarks/gpu.py) with --device, --dtype, --output, and --quick as --smoke."""
     from . import gpu
@@ -136,6 +159,12 @@ def write_plot(report: dict, json_path: Path) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.model = args.model or args.suite
+    if args.plot_only and args.model == "clients":
+        from . import clients
+
+        path = args.output or RESULTS_DIR / "clients.json"
+        print(f"plot: {clients.plot(json.loads(path.read_text()), path.with_suffix('.png'))}")
+        return 0
     if args.plot_only and args.model != "realbatch":
         path = args.output or RESULTS_DIR / f"{args.model}.json"
         write_plot(json.loads(path.read_text()), path)
@@ -146,6 +175,8 @@ def main(argv=None) -> int:
         return run_gpu(args)
     if args.model == "deploy":
         return run_deploy(args)
+    if args.model == "clients":
+        return run_clients(args)
     if args.quick:
         seq_lens = args.seq_lens or list(QUICK_SEQ_LENS)
         repeats, warmup = args.repeats or 3, 1 if args.warmup is None else args.warmup
