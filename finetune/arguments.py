@@ -14,25 +14,30 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import logging
-import os
 import re
 import sys
 import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch
+import yaml
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.utils.import_utils import is_torch_bf16_available_on_device
 
 from posformers._extras import install_hint
 from posformers.integrations.hub import DEFAULT_LICENSE
 
 from .checkpoints import PREEMPTED_EXIT_STATUS, checkpoint_problems, last_complete_checkpoint
+from .distributed import check_processes_train_together, train_together_on_cpu
 from .errors import ArgumentError, OutputDirError
 from .padding_free import PADDING_FREE_CHOICES, check_padding_free
+from .text_files import check_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +80,9 @@ COMMON_TRAINING_FLAGS = (
 # The end of every script's --help (finetune/errors.py, finetune/checkpoints.py).
 EXIT_STATUS_HELP = (
     "Exit status: 0 when done; 1 for bad input (one line says what); "
-    f"{PREEMPTED_EXIT_STATUS} when SIGTERM came during training: a checkpoint was saved at the end of that step, rerun "
-    "the same command with --resume_from_checkpoint True to continue. --resume_from_checkpoint True takes the newest "
+    f"{PREEMPTED_EXIT_STATUS} when SIGTERM or Ctrl-C (SIGINT) came during training: a checkpoint was saved at the end "
+    "of that step, rerun the same command with --resume_from_checkpoint True to continue (a second Ctrl-C stops at "
+    "once). --resume_from_checkpoint True takes the newest "
     "complete checkpoint-N; one left half-written by a killed run is renamed incomplete-checkpoint-N, and said so."
 )
 
@@ -153,6 +159,13 @@ class RunArguments:
     skip_bad_examples: bool = dataclasses.field(
         default=False, metadata={"help": "Skip malformed examples (and say how many) instead of stopping."}
     )
+    encoding: str | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "Encoding of the data files, e.g. gb18030, big5, cp1252; None: UTF-8. A byte-order mark "
+            "(UTF-8, UTF-16) is honoured and dropped whatever this says. See finetune/text_files.py."
+        },
+    )
     padding_free: str = dataclasses.field(
         default="auto",
         metadata={
@@ -186,6 +199,7 @@ class RunArguments:
 
     def __post_init__(self):
         check_padding_free(self.padding_free)
+        check_encoding(self.encoding)  # an unknown name stops the run before any data is read
         if self.lora_r is None:
             given = [name for name in ("lora_alpha", "lora_dropout") if getattr(self, name) not in (None, 0.0)]
             if self.lora_target_modules != "attention":
@@ -211,18 +225,50 @@ def parse_arguments(dataclass_types: Iterable[type], argv: list[str] | None = No
         raise SystemExit(0)
     argv = ["--help" if word == "--help_all" else word for word in argv]
     parser = HfArgumentParser(dataclass_types, epilog=EXIT_STATUS_HELP)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        parsed = parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    elif len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
-        parsed = parser.parse_yaml_file(yaml_file=os.path.abspath(argv[0]))
-    else:
-        *parsed, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-        if unknown:
-            raise ArgumentError(unknown_argument(dataclass_types, unknown))
+    train_together_on_cpu()  # before TrainingArguments sets up the processes (finetune/distributed.py)
+    try:
+        parsed = parse_words_or_file(parser, dataclass_types, argv)
+    except ValueError as error:
+        # TrainingArguments refuses --bf16 without a bf16 GPU, telling to "assign use_cpu" (a 35-line traceback)
+        if "bf16" not in str(error):
+            raise
+        check_bf16_on_cpu()
+        logger.warning("--bf16 without a GPU: training on the CPU in bfloat16 (as --use_cpu --bf16)")
+        parsed = parse_words_or_file(parser, dataclass_types, argv, use_cpu=True)
     for arguments in parsed:
         if isinstance(arguments, TrainingArguments):
+            check_processes_train_together(arguments)
             check_mixed_precision(arguments)
+            pin_memory_only_with_an_accelerator(arguments)
     return tuple(parsed)
+
+
+def parse_words_or_file(parser: HfArgumentParser, dataclass_types, argv: list[str], use_cpu: bool = False) -> tuple:
+    """The dataclasses from CLI words or one .json / .yaml file (as HfArgumentParser reads them); `use_cpu` adds
+    --use_cpu."""
+    if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
+        text = Path(argv[0]).read_text(encoding="utf-8")
+        values = json.loads(text) if argv[0].endswith(".json") else yaml.safe_load(text)
+        return parser.parse_dict({**values, "use_cpu": True} if use_cpu else values)
+    *parsed, unknown = parser.parse_args_into_dataclasses(
+        args=[*argv, "--use_cpu"] if use_cpu else argv, return_remaining_strings=True
+    )
+    if unknown:
+        raise ArgumentError(unknown_argument(dataclass_types, unknown))
+    return tuple(parsed)
+
+
+def check_bf16_on_cpu() -> None:
+    """--bf16 where TrainingArguments finds no GPU that computes in bfloat16: fine on a machine without one, whose CPU
+    torch computes bf16 on (autocast); one line saying what to pass otherwise. A GPU without bf16 (before NVIDIA
+    Ampere) is not swapped for the CPU: a run many times slower than asked would be a surprise."""
+    if torch.accelerator.is_available():
+        raise ArgumentError(
+            "--bf16 needs a GPU that computes in bfloat16 (NVIDIA Ampere or newer), and this one does not: pass --fp16 "
+            "instead, or --use_cpu --bf16 to train on the CPU"
+        )
+    if not is_torch_bf16_available_on_device("cpu"):
+        raise ArgumentError("--bf16: there is no GPU, and torch does not compute bfloat16 on this CPU: leave it out")
 
 
 def print_script_help(dataclass_types: tuple[type, ...]) -> None:
@@ -262,6 +308,13 @@ def check_mixed_precision(training_args: TrainingArguments) -> None:
     if training_args.fp16 and training_args.device.type == "cpu":
         logger.warning("--fp16 needs a GPU, and this run has none: training in float32")
         training_args.fp16 = False
+
+
+def pin_memory_only_with_an_accelerator(training_args: TrainingArguments) -> None:
+    """Pinned host memory only speeds up copies to an accelerator; without one, torch's DataLoader warns on every run
+    that pin_memory is set (TrainingArguments sets it by default)."""
+    if training_args.dataloader_pin_memory and training_args.device.type == "cpu":
+        training_args.dataloader_pin_memory = False
 
 
 def previous_run_artifacts(output_dir) -> list[str]:

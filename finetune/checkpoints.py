@@ -1,4 +1,4 @@
-"""Checkpoints that a crash cannot leave half-written behind, and pre-emption (SIGTERM) at a step boundary.
+"""Checkpoints that a crash cannot leave half-written behind, and pre-emption (SIGTERM, Ctrl-C) at a step boundary.
 
     checkpoint = last_complete_checkpoint(output_dir, training_args)   # `--resume_from_checkpoint True`
     problems = checkpoint_problems(folder, training_args)              # [] when `folder` can be resumed
@@ -16,10 +16,11 @@ a safetensors file is exactly as long as its header says, a torch.save file has 
 `incomplete-checkpoint-N` (nothing is deleted; Trainer's rotation and get_last_checkpoint do not see that name) with
 one line saying which and why, so that the resumed run writes checkpoint-N afresh instead of into leftovers.
 
-SIGTERM (what Slurm, Kubernetes and spot pre-emption send) during training sets a flag; at the end of the current
-optimizer step the scripts save a checkpoint and exit with status PREEMPTED_EXIT_STATUS (75, sysexits' EX_TEMPFAIL:
-"try again"). Rerunning the same command with `--resume_from_checkpoint True` continues from that checkpoint. Under
-torchrun the processes agree on the step (the flag is reduced over them at every step), so all save the same one.
+SIGTERM (what Slurm, Kubernetes and spot pre-emption send) or SIGINT (Ctrl-C) during training sets a flag; at the end
+of the current optimizer step the scripts save a checkpoint and exit with status PREEMPTED_EXIT_STATUS (75, sysexits'
+EX_TEMPFAIL: "try again"). Rerunning the same command with `--resume_from_checkpoint True` continues from that
+checkpoint. A second Ctrl-C stops at once (KeyboardInterrupt), for when the step's end is too far. Under torchrun the
+processes agree on the step (the flag is reduced over them at every step), so all save the same one.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 logger = logging.getLogger(__name__)
 
-PREEMPTED_EXIT_STATUS = 75  # os.EX_TEMPFAIL: a checkpoint was saved on SIGTERM; rerun with --resume_from_checkpoint
+PREEMPTED_EXIT_STATUS = 75  # os.EX_TEMPFAIL: a checkpoint was saved on SIGTERM or SIGINT; rerun to resume
+PREEMPTING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 INCOMPLETE_PREFIX = "incomplete-"
 CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
@@ -156,26 +158,35 @@ def last_complete_checkpoint(output_dir, args: TrainingArguments) -> str | None:
 
 
 class PreemptionCallback(TrainerCallback):
-    """On SIGTERM during training: save a checkpoint at the end of the current step and stop training.
+    """On SIGTERM or SIGINT (Ctrl-C) during training: save a checkpoint at the end of the current step and stop
+    training; a second SIGINT raises KeyboardInterrupt at once.
 
-    The handler is installed when training begins and the previous one restored when it ends (outside training,
-    SIGTERM ends the process as usual). `preempted_at` is the step of the checkpoint it saved, or None.
+    The handlers are installed when training begins and the previous ones restored when it ends (outside training,
+    the signals end the process as usual). `preempted_at` is the step of the checkpoint it saved, or None.
     """
 
     def __init__(self):
         self.requested = False
         self.preempted_at: int | None = None
-        self.previous_handler = None
+        self.previous_handlers: dict = {}
 
     def request(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.requested:  # Ctrl-C again: the user will not wait for the step's end
+            raise KeyboardInterrupt
         self.requested = True
-        logger.warning("SIGTERM: saving a checkpoint at the end of this step, then exiting")
+        how = "Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
+        logger.warning(
+            "%s: saving a checkpoint at the end of this step, then exiting%s",
+            signal.Signals(signum).name,
+            f" ({how})" if how else "",
+        )
 
     def on_train_begin(self, args, state, control, **kwargs):
         try:
-            self.previous_handler = signal.signal(signal.SIGTERM, self.request)
+            for signum in PREEMPTING_SIGNALS:
+                self.previous_handlers[signum] = signal.signal(signum, self.request)
         except ValueError:  # not the main thread (a script run from a thread): signals cannot be caught there
-            logger.warning("not the main thread: SIGTERM will end training without a checkpoint")
+            logger.warning("not the main thread: SIGTERM and Ctrl-C will end training without a checkpoint")
 
     def on_step_end(self, args, state, control, **kwargs):
         if agreed(self.requested, args):
@@ -184,12 +195,14 @@ class PreemptionCallback(TrainerCallback):
             self.preempted_at = state.global_step
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.previous_handler is not None:
-            signal.signal(signal.SIGTERM, self.previous_handler)
-            self.previous_handler = None
+        for signum, handler in self.previous_handlers.items():
+            if handler is not None:  # None: a handler not installed from Python, which cannot be put back
+                signal.signal(signum, handler)
+        self.previous_handlers = {}
 
     def exit_if_preempted(self, trainer) -> None:
-        """After trainer.train(): end the process with PREEMPTED_EXIT_STATUS if training stopped for SIGTERM."""
+        """After trainer.train(): end the process with PREEMPTED_EXIT_STATUS if training stopped for SIGTERM or
+        SIGINT."""
         if self.preempted_at is None:
             return
         output_dir = Path(trainer.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.preempted_at}"
@@ -203,7 +216,7 @@ class PreemptionCallback(TrainerCallback):
 
 
 def agreed(flag: bool, args: TrainingArguments) -> bool:
-    """`flag` or'ed over the processes of a distributed run (each may get SIGTERM in a different step)."""
+    """`flag` or'ed over the processes of a distributed run (each may get the signal in a different step)."""
     if args.world_size <= 1 or not torch.distributed.is_initialized():
         return flag
     tensor = torch.tensor([int(flag)], device=args.device)

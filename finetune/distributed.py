@@ -3,10 +3,12 @@
     @exit_on_data_error
     @exit_on_lost_process             # a failed collective: one line, exit status 1; a clean end of the processes
     def main(argv=None):
-        ...
+        ...                               # parse_arguments: train_together_on_cpu() before TrainingArguments is
+                                          # built, check_processes_train_together(training_args) after
         prepare_processes(training_args)  # before building the Trainer
         trainer = Trainer(...)
-        attach(trainer)                   # FSDP2: tied MLM heads shard; saves keep the model's class and tied names
+        attach(trainer)                   # FSDP2: tied MLM heads shard; saves keep the model's class and tied names;
+                                          # the losses reported are those of one process with the whole batch
 
 A process that dies (SIGKILL, out of memory) or hangs: under torchrun on one machine the agent sees a worker exit
 and stops the others at once (SIGTERM, then SIGKILL 30 s later), naming the worker and its signal. The processes
@@ -17,6 +19,27 @@ threads for good, see tests/helpers/littlebird_ddp.py).
 
 What goes wrong without this module (transformers 5.23, accelerate 1.15, torch 2.13):
 
+- torchrun on a machine without a GPU, without `--use_cpu`: accelerate's PartialState looks for an accelerator to
+  distribute over, finds none, and still initializes a process group (gloo) because LOCAL_RANK is set; it then counts
+  the run as one process (DistributedType.NO; transformers logs "torch.distributed process group is initialized, but
+  parallel_mode != ParallelMode.DISTRIBUTED"). Every process trained on all the data on its own, printed its own
+  metrics and wrote the same output folder. With `--ddp_backend gloo` the run counted its processes, so Trainer
+  split the data between them, but still no DDP: the processes never averaged their gradients, each trained its own
+  model, and the losses read the world size times too large (below). `train_together_on_cpu` does what `--use_cpu`
+  (accelerate's ACCELERATE_USE_CPU) does there: the processes train as one over gloo. A launch that would still run
+  its processes apart (an accelerator that accelerate does not distribute over) stops with one line
+  (`check_processes_train_together`).
+- Trainer multiplies the loss by the number of processes for every model whose forward takes `**kwargs`
+  (`model_accepts_loss_kwargs`, with `--average_tokens_across_devices`, the default), assuming the loss is a sum
+  divided by `num_items_in_batch`, the label count of all processes (DDP then averages the gradients back). A loss
+  that ignores it, a mean over this process's batch, came out the world size times too large, in the logs, in the
+  evaluation and in the gradients; so did every loss of a run whose processes do not all-reduce (above), where
+  `num_items_in_batch` stays this process's count. posformers' heads honour it; for a model of another library,
+  which the scripts cannot inspect, `attach` turns the loss kwargs off: each process's loss is then the mean over its
+  own batch, averaged over the processes by DDP.
+- Trainer's final `train_loss` adds the losses since the last logging step as this process alone saw them (the
+  logged ones are averaged over the processes): a run shorter than --logging_steps reported process 0's half of the
+  batch. `attach` averages them over the processes first.
 - `--ddp_timeout` is passed to the process group only on GPUs (TrainingArguments._setup_devices): a CPU run keeps
   gloo's 30 minutes, so a process that hangs (a stopped or unreachable peer) held the others for half an hour
   whatever the user set. `prepare_processes` sets the process group's timeout to --ddp_timeout: a collective that
@@ -45,10 +68,15 @@ import sys
 from collections.abc import Callable
 
 import accelerate.state
+import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
 from torch.distributed.fsdp import FSDPModule
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_utils import unwrap_peft_model
+from transformers.training_args import ParallelMode
+
+from .errors import ArgumentError
 
 # What the scripts exit with when a collective fails (as for bad input: the user has to act, here by resuming).
 LOST_PROCESS_EXIT_STATUS = 1
@@ -102,6 +130,36 @@ def exit_on_lost_process(main: Callable) -> Callable:
     return wrapper
 
 
+def launched_processes() -> int:
+    """How many processes the launcher started (torchrun and accelerate launch set WORLD_SIZE); 1 without one."""
+    return int(os.environ.get("WORLD_SIZE", "1") or "1")
+
+
+def train_together_on_cpu() -> None:
+    """Before TrainingArguments is built (it sets up the processes): under a launcher on a machine without an
+    accelerator, have accelerate run the processes as one CPU run over gloo, as `--use_cpu` does. Without it accelerate
+    leaves them apart (see the module's docstring). ACCELERATE_USE_CPU is what `accelerate launch --cpu` sets; a value
+    the user set is kept."""
+    if launched_processes() > 1 and not torch.accelerator.is_available():
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+
+
+def check_processes_train_together(training_args: TrainingArguments) -> None:
+    """Stop a launch whose processes would each train on their own (and write the same output folder): one line
+    naming the flag that makes them one run."""
+    processes = launched_processes()
+    # NOT_DISTRIBUTED: several GPUs under one process (DataParallel); TPUs and SageMaker have modes of their own
+    if processes <= 1 or training_args.parallel_mode not in (ParallelMode.NOT_PARALLEL, ParallelMode.NOT_DISTRIBUTED):
+        return
+    device = training_args.device.type
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()  # accelerate's, unused: left to the interpreter's teardown it can abort the exit
+    raise ArgumentError(
+        f"the launcher started {processes} processes, but accelerate does not run them as one on this machine's "
+        f"{device} (each would train on its own): pass --use_cpu to train them together on the CPU (gloo)"
+    )
+
+
 def prepare_processes(training_args: TrainingArguments) -> None:
     """On CPU: --ddp_timeout for the process group, and --fsdp that shards (see the module's docstring)."""
     if training_args.device.type != "cpu":
@@ -141,11 +199,38 @@ def own_class(model) -> type:
 
 def attach(trainer: Trainer) -> None:
     """After building the Trainer: under FSDP2, register the embeddings' parameters once; every save writes the model
-    under its own class (see the module's docstring)."""
+    under its own class; the losses it reports are those of one process with the processes' batches together (see
+    the module's docstring)."""
     aliases = {}
     if trainer.is_fsdp_enabled and trainer.accelerator.state.fsdp_plugin.fsdp_version == 2:
         aliases = unregister_embedding_aliases(trainer.model)
     save_as_own_class(trainer, aliases)
+    count_loss_items_only_for_posformers(trainer)
+    average_final_loss(trainer)
+
+
+def count_loss_items_only_for_posformers(trainer: Trainer) -> None:
+    """Trainer hands `num_items_in_batch` to a model that takes `**kwargs` and multiplies its loss by the number of
+    processes: right for a loss divided by that count, as posformers' heads do; the world size times too large for one
+    that ignores it (transformers' own BERT classification heads, for one). The scripts cannot tell which a model of
+    another library computes: for those they turn the count off, and each process's loss is its batch's mean."""
+    model = unwrap_peft_model(trainer.accelerator.unwrap_model(trainer.model))
+    if trainer.model_accepts_loss_kwargs and not type(model).__module__.startswith("posformers."):
+        trainer.model_accepts_loss_kwargs = False
+
+
+def average_final_loss(trainer: Trainer) -> None:
+    """Make the final `train_loss` the mean over the processes. Trainer averages the loss of every logging step over
+    the processes, but adds what accrued since the last one (`_tr_loss`, private) as this process alone saw it, in
+    `_finalize_training` (private). Every process calls it: the average is a collective."""
+    finalize = trainer._finalize_training
+
+    def finalize_with_average(*args, **kwargs):
+        if trainer.args.world_size > 1 and torch.is_tensor(getattr(trainer, "_tr_loss", None)):
+            trainer._tr_loss = trainer.accelerator.gather(trainer._tr_loss.detach().reshape(1)).mean()
+        return finalize(*args, **kwargs)
+
+    trainer._finalize_training = finalize_with_average
 
 
 def unregister_embedding_aliases(model) -> dict[str, str]:

@@ -19,6 +19,10 @@ Reading rules, learned from GLUE's distribution (and transformers' old `glue` pr
   `sentence1`/`sentence2`, `question`/`sentence`, `question1`/`question2`, `premise`/`hypothesis`); without a task,
   the first known pair found, else the first one or two columns that are not the label or an id. Labels may be label
   names or ids. Without a task, the label set is the sorted set of training labels; float labels mean regression.
+* A training label that looks like a typo of another (rare, and close to a much more frequent label: see
+  `suspicious_labels`) stops the run with its file and line, as a label outside the set does in a validation file;
+  declared labels (--label_names) make the check exact: every split's labels must be among them.
+* Files are read with finetune/text_files.py: --encoding (default UTF-8), a byte-order mark dropped.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ import dataclasses
 import json
 import logging
 import math
+from collections import Counter
 from pathlib import Path
 
 import datasets
 
 from .errors import BadExamples, DataError
+from .text_files import open_text, read_text
 
 logger = logging.getLogger(__name__)
 
@@ -236,27 +242,23 @@ class RawRow:
     line: int
 
 
-def _lines(path: Path) -> list[tuple[int, str]]:
-    """Non-blank lines of a text file with their 1-based numbers; a UTF-8 BOM is dropped."""
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as handle:
-            numbered = [(number, line.rstrip("\r\n")) for number, line in enumerate(handle, start=1)]
-    except UnicodeDecodeError as error:
-        raise DataError(f"not UTF-8 text ({error.reason} at byte {error.start})", path=path) from error
+def _lines(path: Path, encoding: str | None = None) -> list[tuple[int, str]]:
+    """Non-blank lines of a text file with their 1-based numbers (finetune/text_files.py: --encoding, BOM)."""
+    numbered = [(number, line.rstrip("\r\n")) for number, line in enumerate(open_text(path, encoding), start=1)]
     return [(number, line) for number, line in numbered if line.strip()]
 
 
-def is_glue_layout(path: Path) -> bool:
+def is_glue_layout(path: Path, encoding: str | None = None) -> bool:
     """A .tsv is read by GLUE's column positions unless its first line is a header with a `label` column."""
-    lines = _lines(path)
+    lines = _lines(path, encoding)
     return not lines or LABEL_COLUMN not in [name.strip() for name in lines[0][1].split("\t")]
 
 
-def read_glue_tsv(path: Path, task: GlueTask, split: str, bad: BadExamples) -> Table:
+def read_glue_tsv(path: Path, task: GlueTask, split: str, bad: BadExamples, encoding: str | None = None) -> Table:
     """A GLUE TSV as distributed, fields by position (quoting disabled, see the module docstring)."""
     is_test = split.startswith("test")
     layout = task.test_layout if is_test else task.train_layout
-    lines = _lines(path)
+    lines = _lines(path, encoding)
     header = lines[0][1].split("\t") if layout.header and lines else None
     body = lines[1:] if layout.header else lines
     width = 1 + max(p for p in (*layout.text, layout.label or 0, layout.index or 0) if p >= 0)
@@ -308,16 +310,21 @@ def choose_text_columns(columns: list[str], task: GlueTask | None, requested: tu
         return tuple(wanted)
     for known in KNOWN_TEXT_COLUMNS:
         if all(name in columns for name in known):
+            logger.info("%s: text column(s) %s (--text_columns chooses others)", path, ", ".join(known))
             return known
     others = [name for name in columns if name != LABEL_COLUMN and name.lower() not in ID_COLUMNS]
     if not others:
         raise DataError(f"no text column; the file has: {', '.join(columns)}", path=path)
+    # no known name: the first columns are a guess that may read an id or a category as text, so it is shown
+    logger.warning("%s: text column(s) guessed: %s (--text_columns chooses others)", path, ", ".join(others[:2]))
     return tuple(others[:2])
 
 
-def read_custom_table(path: Path, task: GlueTask | None, split: str, text_columns, bad: BadExamples) -> Table:
+def read_custom_table(
+    path: Path, task: GlueTask | None, split: str, text_columns, bad: BadExamples, encoding: str | None = None
+) -> Table:
     """A table read by column name (csv, tsv with a header, json, jsonl)."""
-    rows = read_table_rows(path)
+    rows = read_table_rows(path, encoding)
     if not rows:
         return Table([], path, has_labels=False)
     columns = list(rows[0].fields)
@@ -347,12 +354,12 @@ def _text_field(row: RawRow, name: str, path) -> str:
     return value
 
 
-def read_table_rows(path: Path) -> list[RawRow]:
+def read_table_rows(path: Path, encoding: str | None = None) -> list[RawRow]:
     """Rows of a custom table by column name: .csv (standard quoting), .tsv with a header, .json (an array of
     objects, or an object with a "data" array), .jsonl (one object per line)."""
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv"):
-        with open(path, encoding="utf-8-sig", newline="") as handle:
+        with open_text(path, encoding) as handle:
             if suffix == ".csv":
                 reader = csv.reader(handle)
                 records = [(reader.line_num, record) for record in reader]
@@ -370,13 +377,13 @@ def read_table_rows(path: Path) -> list[RawRow]:
         return rows
     if suffix == ".jsonl":
         rows = []
-        with open(path, encoding="utf-8-sig") as handle:
+        with open_text(path, encoding) as handle:
             for number, line in enumerate(handle, start=1):
                 if line.strip():
                     rows.append(RawRow(_json_object(line, path, number), number))
         return rows
     if suffix == ".json":
-        text = Path(path).read_text(encoding="utf-8-sig")
+        text = read_text(path, encoding)
         if not text.strip():
             return []  # read_split: "no examples (empty file)", as for the other formats
         try:
@@ -494,27 +501,39 @@ def split_files(task: GlueTask | None, data_dir, explicit: dict[str, str | None]
     return files
 
 
-def read_split(path: Path, task: GlueTask | None, split: str, text_columns, bad: BadExamples) -> Table:
+def read_split(
+    path: Path, task: GlueTask | None, split: str, text_columns, bad: BadExamples, encoding: str | None = None
+) -> Table:
     """One split's file, as a GLUE TSV (by position) or as a table (by column name); an empty file is an error."""
-    if task is not None and path.suffix.lower() == ".tsv" and is_glue_layout(path):
-        table = read_glue_tsv(path, task, split, bad)
+    if task is not None and path.suffix.lower() == ".tsv" and is_glue_layout(path, encoding):
+        table = read_glue_tsv(path, task, split, bad, encoding)
     else:
-        table = read_custom_table(path, task, split, text_columns, bad)
+        table = read_custom_table(path, task, split, text_columns, bad, encoding)
     if not table.examples and not bad:
         raise DataError("no examples (empty file)", path=path)
     return table
 
 
-def read_files(files: dict[str, Path], task: GlueTask | None, text_columns, skip_bad: bool) -> dict[str, Table]:
-    """Read and validate every split of local files."""
+def read_files(
+    files: dict[str, Path],
+    task: GlueTask | None,
+    text_columns,
+    skip_bad: bool,
+    encoding: str | None = None,
+    label_names: tuple[str, ...] | None = None,
+) -> dict[str, Table]:
+    """Read and validate every split of local files (`encoding`: --encoding; `label_names`: --label_names)."""
     bad = {split: BadExamples(skip_bad, split) for split in files}
-    tables = {split: read_split(path, task, split, text_columns, bad[split]) for split, path in files.items()}
-    return finish_tables(tables, label_set(tables, task), bad)
+    tables = {split: read_split(path, task, split, text_columns, bad[split], encoding) for split, path in files.items()}
+    return finish_tables(tables, label_set(tables, task, label_names, skip_bad), bad)
 
 
-def label_set(tables: dict[str, Table], task: GlueTask | None, declared=None) -> tuple[str, ...] | None:
-    """The task's labels, else those the source declares (a ClassLabel), else those of the training (or first
-    labelled) split."""
+def label_set(
+    tables: dict[str, Table], task: GlueTask | None, declared=None, skip_bad: bool = False
+) -> tuple[str, ...] | None:
+    """The task's labels, else those declared (--label_names, or the source's ClassLabel), else those of the training
+    (or first labelled) split, without the labels that look like typos of others (`suspicious_labels`): those stop
+    the run, or with `skip_bad` their rows are skipped."""
     if task is not None:
         return task.label_names
     if declared is not None:
@@ -526,7 +545,98 @@ def label_set(tables: dict[str, Table], task: GlueTask | None, declared=None) ->
         raise DataError(
             "no split has a 'label' column, so the label set is unknown", path=next(iter(tables.values())).path
         )
-    return infer_label_names(labelled[0])
+    names = infer_label_names(labelled[0])
+    suspicious = suspicious_labels(labelled[0], names)
+    if not suspicious:
+        return names
+    kept = tuple(name for name in names if name not in suspicious)
+    for rare, (frequent, counts) in suspicious.items():
+        what = f"label {rare!r} ({_rows(counts[rare])}) looks like a typo of {frequent!r} ({_rows(counts[frequent])})"
+        if not skip_bad:
+            line = next(example.line for example in labelled[0].examples if _label_text(example) == rare)
+            raise DataError(
+                f"{what}: correct it, or declare the labels: --label_names {','.join(kept)} (other labels then stop "
+                f"the run), or --label_names {','.join(names)} to train {rare!r} as a class",
+                path=labelled[0].path,
+                row=line,
+                column=LABEL_COLUMN,
+            )
+        logger.warning("%s: %s, its rows are skipped (--skip_bad_examples)", labelled[0].path, what)
+    return kept
+
+
+# A training label is suspicious (a typo) when it is rare and close to a much more frequent label; see
+# suspicious_labels. With --label_names the label set is exact instead.
+RARE_ROWS, RARE_SHARE = 3, 0.01  # rare: at most max(RARE_ROWS, RARE_SHARE of the training rows)
+FREQUENT_RATIO = 10  # the label it resembles has at least this many times its rows
+MAX_EDITS, SHORT_LABEL = 2, 4  # close: at most MAX_EDITS edits apart, one for labels of up to SHORT_LABEL characters
+MIN_PREFIX = 3  # ... or one starts with the other, of at least this many characters
+
+
+def suspicious_labels(table: Table, names: tuple[str, ...] | None) -> dict[str, tuple[str, Counter]]:
+    """Labels of a training table that look like typos: {rare label: (the label it resembles, the label counts)}.
+
+    Rare: in at most max(RARE_ROWS, RARE_SHARE of the rows) rows. It resembles a label with at least FREQUENT_RATIO
+    times its rows when, ignoring case, the two are at most MAX_EDITS edits apart (an edit: a character inserted,
+    deleted, replaced, or two neighbours swapped), one edit where the shorter has at most SHORT_LABEL characters and
+    none where it has one ("cow" is no typo of "cat", nor "B" of "A"), or when one starts with the other and the
+    shorter has at least MIN_PREFIX characters ("pos" and "postive"). Numbers are not compared: every digit is one
+    edit from every other.
+    """
+    if names is None:
+        return {}
+    counts = Counter(_label_text(example) for example in table.examples)
+    counts.pop("", None)
+    limit = max(RARE_ROWS, RARE_SHARE * sum(counts.values()))
+    found = {}
+    for rare, count in sorted(counts.items()):
+        if count > limit or _as_float(rare) is not None:
+            continue
+        alike = [
+            other
+            for other, other_count in counts.items()
+            if other_count >= FREQUENT_RATIO * count and _as_float(other) is None and looks_alike(rare, other)
+        ]
+        if alike:
+            found[rare] = (max(alike, key=lambda other: (counts[other], other)), counts)
+    return found
+
+
+def looks_alike(a: str, b: str) -> bool:
+    """Whether two labels could be one label mistyped (see suspicious_labels)."""
+    a, b = a.casefold(), b.casefold()
+    shorter = min(len(a), len(b))
+    if shorter >= MIN_PREFIX and (a.startswith(b) or b.startswith(a)):
+        return True
+    allowed = 0 if shorter <= 1 else 1 if shorter <= SHORT_LABEL else MAX_EDITS
+    return edit_distance(a, b, MAX_EDITS) <= allowed
+
+
+def edit_distance(a: str, b: str, limit: int) -> int:
+    """The edit distance of a and b (insertions, deletions, substitutions and swaps of neighbours: the optimal
+    string alignment distance), or limit + 1 where it is larger (computed no further than that)."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    before, previous = None, list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        current = [i]
+        for j in range(1, len(b) + 1):
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] != b[j - 1]))
+            if before is not None and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cost = min(cost, before[j - 2] + 1)
+            current.append(cost)
+        if min(current) > limit:
+            return limit + 1
+        before, previous = previous, current
+    return min(previous[-1], limit + 1)
+
+
+def _label_text(example: Example) -> str:
+    return "" if example.label is None else str(example.label).strip()
+
+
+def _rows(count: int) -> str:
+    return f"{count} row" + ("" if count == 1 else "s")
 
 
 def finish_tables(tables: dict[str, Table], label_names, bad: dict[str, BadExamples]) -> dict[str, Table]:
@@ -556,8 +666,11 @@ def hub_is_offline() -> bool:
     return bool(datasets.config.HF_HUB_OFFLINE)
 
 
-def read_hub(name: str, config_name: str | None, task: GlueTask | None, text_columns, cache_dir) -> dict[str, Table]:
-    """A Hub dataset (e.g. nyu-mll/glue, config sst2); test splits (labels -1) become unlabelled tables."""
+def read_hub(
+    name: str, config_name: str | None, task: GlueTask | None, text_columns, cache_dir, label_names=None
+) -> dict[str, Table]:
+    """A Hub dataset (e.g. nyu-mll/glue, config sst2); test splits (labels -1) become unlabelled tables.
+    `label_names` (--label_names) replaces the label names the dataset declares."""
     where = f"{name}" + (f" ({config_name})" if config_name else "")
     try:
         dataset = datasets.load_dataset(name, config_name, cache_dir=cache_dir)
@@ -594,4 +707,4 @@ def read_hub(name: str, config_name: str | None, task: GlueTask | None, text_col
         ]
         tables[split] = Table(examples, where, has_labels=has_labels)
     bad = {split: BadExamples(False, split) for split in tables}
-    return finish_tables(tables, label_set(tables, task, declared), bad)
+    return finish_tables(tables, label_set(tables, task, label_names or declared), bad)

@@ -30,6 +30,7 @@ import datasets
 
 from .errors import BadExamples, DataError
 from .ner_data import read_splits
+from .text_files import open_text
 
 logger = logging.getLogger(__name__)
 
@@ -133,10 +134,10 @@ def make_question(record: dict, where, row) -> dict:
     return choice_question(record, where, row)
 
 
-def _records(path: Path):
-    """(line, record) pairs of a csv (line of the row's start) or JSON-lines file."""
+def _records(path: Path, encoding: str | None = None):
+    """(line, record) pairs of a csv (line of the row's start) or JSON-lines file, read in `encoding`."""
     if path.suffix == ".csv":
-        with path.open(encoding="utf-8", newline="") as handle:
+        with open_text(path, encoding) as handle:
             reader = csv.DictReader(handle)
             if reader.fieldnames is None:  # reads the header
                 raise DataError("an empty csv file", path=path)
@@ -145,7 +146,7 @@ def _records(path: Path):
                 yield line, record
                 line = reader.line_num + 1
         return
-    with path.open(encoding="utf-8") as handle:
+    with open_text(path, encoding) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -180,10 +181,10 @@ def check_split(questions: list[dict], where, bad: BadExamples) -> list[dict]:
     return kept
 
 
-def read_questions(path: Path, bad: BadExamples) -> list[dict]:
+def read_questions(path: Path, bad: BadExamples, encoding: str | None = None) -> list[dict]:
     """The checked questions of one .csv or .jsonl file."""
     questions = []
-    for row, record in _records(path):
+    for row, record in _records(path, encoding):
         try:
             questions.append(make_question(record, path, row))
         except DataError as error:
@@ -191,9 +192,9 @@ def read_questions(path: Path, bad: BadExamples) -> list[dict]:
     return check_split(questions, path, bad)
 
 
-def read_split_files(files: dict[str, str], skip_bad: bool) -> dict[str, list[dict]]:
-    """{split: .csv or .jsonl file} -> {split: questions}."""
-    return read_splits(files, skip_bad, read_questions)
+def read_split_files(files: dict[str, str], skip_bad: bool, encoding: str | None = None) -> dict[str, list[dict]]:
+    """{split: .csv or .jsonl file} -> {split: questions}; files read in `encoding` (--encoding, default UTF-8)."""
+    return read_splits(files, skip_bad, lambda path, bad: read_questions(path, bad, encoding))
 
 
 def read_hub(name: str, config_name: str | None, cache_dir) -> dict[str, list[dict]]:

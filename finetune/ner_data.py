@@ -29,6 +29,7 @@ from pathlib import Path
 import datasets
 
 from .errors import BadExamples, DataError
+from .text_files import open_text, read_text
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ def to_iob2(tags: list[str]) -> list[str]:
     return converted
 
 
-def read_conll(path, bad: BadExamples | None = None) -> list[dict]:
-    """The sentences of a CoNLL file (see the module docstring); tags in IOB2."""
+def read_conll(path, bad: BadExamples | None = None, encoding: str | None = None) -> list[dict]:
+    """The sentences of a CoNLL file (see the module docstring); tags in IOB2. `encoding`: finetune/text_files.py."""
     path = Path(path)
     bad = BadExamples(skip=False, split=path.name) if bad is None else bad
     sentences, tokens, tags, first_line, broken = [], [], [], None, None
@@ -70,7 +71,7 @@ def read_conll(path, bad: BadExamples | None = None) -> list[dict]:
         elif broken is not None:
             bad.add(broken)
 
-    with path.open(encoding="utf-8") as lines:
+    with open_text(path, encoding) as lines:
         for number, line in enumerate(lines, start=1):
             fields = line.split()
             if not fields or fields[0] == DOCSTART:
@@ -97,9 +98,9 @@ def read_conll(path, bad: BadExamples | None = None) -> list[dict]:
     return sentences
 
 
-def _json_records(path: Path) -> list[tuple[int, dict]]:
+def _json_records(path: Path, encoding: str | None = None) -> list[tuple[int, dict]]:
     """(line, object) pairs of a JSON-lines file, or of a .json file holding a list of objects (line: its index)."""
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, encoding)
     if path.suffix == ".json" and text.lstrip().startswith("["):
         try:
             return list(enumerate(json.loads(text), start=1))
@@ -132,9 +133,9 @@ def make_sentence(index, tokens, tags, where, row, columns: tuple[str, str], tag
     return {"id": index, "tokens": tokens, "ner_tags": tags, "line": row}
 
 
-def read_json_split(path: Path, columns: tuple[str, str], bad: BadExamples) -> list[dict]:
+def read_json_split(path: Path, columns: tuple[str, str], bad: BadExamples, encoding: str | None = None) -> list[dict]:
     sentences = []
-    for number, record in _json_records(path):
+    for number, record in _json_records(path, encoding):
         try:
             if not isinstance(record, dict) or any(column not in record for column in columns):
                 raise DataError(f"needs the keys {columns[0]!r} and {columns[1]!r}", path=path, row=number)
@@ -163,12 +164,15 @@ def read_splits(files: dict[str, str], skip_bad: bool, read: Callable[[Path, Bad
     return splits
 
 
-def read_split_files(files: dict[str, str], columns: tuple[str, str], skip_bad: bool) -> dict[str, list[dict]]:
-    """{split: file} -> {split: sentences}; the format follows the file's suffix (.json/.jsonl, else CoNLL)."""
+def read_split_files(
+    files: dict[str, str], columns: tuple[str, str], skip_bad: bool, encoding: str | None = None
+) -> dict[str, list[dict]]:
+    """{split: file} -> {split: sentences}; the format follows the file's suffix (.json/.jsonl, else CoNLL); files
+    are read in `encoding` (--encoding, default UTF-8)."""
 
     def read(path: Path, bad: BadExamples) -> list[dict]:
         json_lines = path.suffix in (".json", ".jsonl")
-        return read_json_split(path, columns, bad) if json_lines else read_conll(path, bad)
+        return read_json_split(path, columns, bad, encoding) if json_lines else read_conll(path, bad, encoding)
 
     return read_splits(files, skip_bad, read)
 

@@ -8,7 +8,9 @@
 Text: plain-text files (one document per line; blank lines are skipped), .csv/.tsv/.json/.jsonl files with a text
 column, or a datasets name. With `streaming` every split is an `IterableDataset`, read lazily: corpora larger than
 memory work, and the held-out split is the first `streaming_validation_lines` documents when no validation file is
-given (otherwise `validation_split_percentage` of the documents, chosen with the seed).
+given (otherwise `validation_split_percentage` of the documents, chosen with the seed). Files are read in --encoding
+(default UTF-8, a byte-order mark dropped: finetune/text_files.py); the first MiB of each is decoded before anything
+else, so a file in another encoding stops the run at once with its file, line and the encoding to pass.
 
 Packing (as BERT's and DeBERTa's pre-training data): documents are tokenized without special tokens, joined with the
 separator token, and cut into chunks of `max_seq_length - 2` tokens, each framed as `[CLS] chunk [SEP]`; nothing is
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import logging
 import math
 import zlib
@@ -44,6 +47,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast, TrainerCallback
 
 from .errors import ArgumentError, DataError
+from .text_files import HEAD_BYTES, codec_name, file_codec, read_head
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +71,11 @@ class PretrainDataArguments:
     dataset_name: str | None = dataclasses.field(default=None, metadata={"help": "A datasets name instead of files."})
     dataset_config_name: str | None = dataclasses.field(default=None, metadata={"help": "Its configuration."})
     text_column: str = dataclasses.field(
-        default="text", metadata={"help": "Column holding the text in tables and datasets."}
+        default="text",
+        metadata={
+            "help": "Column holding the text in tables and datasets; several, comma-separated (question,sentence), "
+            "are joined by a space into one document per row."
+        },
     )
     validation_split_percentage: float = dataclasses.field(
         default=5.0, metadata={"help": "Percent of the documents held out when no validation file is given."}
@@ -120,22 +128,31 @@ def _builder(path: Path) -> tuple[str, dict]:
     return TEXT_SUFFIXES[suffix], options
 
 
-def _check_has_text(path: Path) -> None:
-    """Refuse an empty file early, before any (lazy) loading: one non-blank line is enough."""
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        if not any(line.strip() for line in lines):
-            raise DataError("no text: the file is empty or holds only blank lines", path=path)
+def _check_has_text(path: Path, encoding: str | None = None) -> str:
+    """Refuse an empty file, or one not in `encoding` (its first MiB is decoded: finetune/text_files.py), early,
+    before any (lazy) loading: one non-blank line is enough. Returns the codec to read the file with."""
+    if not read_head(path, encoding).strip():
+        with path.open(encoding=file_codec(path, encoding), errors="replace") as lines:
+            if not any(line.strip() for line in lines):
+                raise DataError("no text: the file is empty or holds only blank lines", path=path)
+    return file_codec(path, encoding)
 
 
-def _load_files(files: list[str], text_column: str, streaming: bool, cache_dir):
-    """One split from files of the same format -> a Dataset (or IterableDataset) with a "text" column."""
+def _load_files(files: list[str], text_column: str, streaming: bool, cache_dir, encoding: str | None = None):
+    """One split from files of the same format and `encoding` -> a Dataset (or IterableDataset) with a "text"
+    column."""
     paths = [Path(file) for file in files]
     builders = [_builder(path) for path in paths]
-    for path in paths:
-        _check_has_text(path)
+    codecs_used = {_check_has_text(path, encoding): path for path in paths}
     if len({(builder, path.suffix.lower()) for (builder, _), path in zip(builders, paths)}) > 1:
         raise DataError(f"mixed formats in one split: {', '.join(files)}")
+    if len(codecs_used) > 1:  # a byte-order mark in some files only: datasets reads a split in one encoding
+        detail = ", ".join(f"{path.name}: {codec}" for codec, path in codecs_used.items())
+        raise DataError(f"files of one split in different encodings ({detail}): save them in one", path=files[0])
     builder, options = builders[0]
+    codec = next(iter(codecs_used))
+    # datasets' json reader drops a UTF-8 byte-order mark itself, and decodes (per batch of lines) only other codecs
+    options = {**options, "encoding": "utf-8" if builder == "json" and codec == "utf-8-sig" else codec}
     try:
         split = datasets.load_dataset(
             builder,
@@ -147,6 +164,12 @@ def _load_files(files: list[str], text_column: str, streaming: bool, cache_dir):
         )
     except DatasetGenerationError as error:  # a truncated or malformed file; datasets says which parser failed
         cause = error.__cause__ or error.__context__ or error
+        if isinstance(cause, UnicodeDecodeError):  # past the first MiB that _check_has_text decoded
+            raise DataError(
+                f"not {codec_name(codec)} text after its first {HEAD_BYTES >> 20} MiB ({cause.reason}): pass its "
+                "encoding with --encoding",
+                path=", ".join(files),
+            ) from error
         reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
         raise DataError(
             f"not a readable {paths[0].suffix.lstrip('.').lower()} file (truncated or malformed?): {reason}",
@@ -156,12 +179,26 @@ def _load_files(files: list[str], text_column: str, streaming: bool, cache_dir):
 
 
 def _select_text(split, column: str, source: str):
-    """Keep only the text column, renamed "text", without blank documents."""
+    """Keep only the text column, renamed "text", without blank documents. Several columns ("question,sentence", as
+    posformers-glue takes them) become one document per row: their texts joined by a space."""
+    columns = [name.strip() for name in column.split(",") if name.strip()] or [column]
     names = split.column_names
-    if names is not None and column not in names:
+    missing = [name for name in columns if names is not None and name not in names]
+    if missing:
         raise DataError(
-            f"no text column (have: {', '.join(names)}); name it with --text_column", path=source, column=column
+            f"no text column (have: {', '.join(names)}); name it with --text_column",
+            path=source,
+            column=", ".join(missing),
         )
+    if len(columns) > 1:
+
+        def joined(batch):
+            rows = zip(*(batch[name] for name in columns))
+            return {"text": [" ".join(str(text).strip() for text in row if text and str(text).strip()) for row in rows]}
+
+        # select_columns also where a streamed file's columns are not known before it is read
+        split = split.map(joined, batched=True).select_columns(["text"])
+        column, names = "text", ["text"]
     if column != "text":
         split = split.rename_column(column, "text")
     drop = [name for name in (names or []) if name not in (column, "text")]
@@ -196,13 +233,18 @@ def _first(split, count: int | None):
     )
 
 
-def load_corpus(data_args: PretrainDataArguments, seed: int, cache_dir=None, need_validation: bool = True) -> dict:
-    """{"train": ..., "validation": ...}: Datasets (IterableDatasets when streaming) with one "text" column."""
+def load_corpus(
+    data_args: PretrainDataArguments, seed: int, cache_dir=None, need_validation: bool = True, encoding=None
+) -> dict:
+    """{"train": ..., "validation": ...}: Datasets (IterableDatasets when streaming) with one "text" column; files
+    are read in `encoding` (--encoding, default UTF-8)."""
     if data_args.train_file:
-        corpus = {"train": _load_files(data_args.train_file, data_args.text_column, data_args.streaming, cache_dir)}
+        corpus = {
+            "train": _load_files(data_args.train_file, data_args.text_column, data_args.streaming, cache_dir, encoding)
+        }
         if data_args.validation_file:
             corpus["validation"] = _load_files(
-                data_args.validation_file, data_args.text_column, data_args.streaming, cache_dir
+                data_args.validation_file, data_args.text_column, data_args.streaming, cache_dir, encoding
             )
     elif data_args.dataset_name:
         loaded = datasets.load_dataset(
@@ -254,9 +296,12 @@ def _texts(split, batch_size: int = 1000) -> Iterator[list[str]]:
         yield batch
 
 
-def _tokenizer_model(kind: str, vocab_size: int, lowercase: bool) -> tuple[Tokenizer, trainers.Trainer]:
-    """An untrained tokenizers pipeline of `kind` and its trainer (special tokens first, [PAD] = id 0)."""
-    special = list(SPECIAL_TOKENS.values())
+def _tokenizer_model(
+    kind: str, vocab_size: int, lowercase: bool, first_tokens: list[str] | None = None
+) -> tuple[Tokenizer, trainers.Trainer]:
+    """An untrained tokenizers pipeline of `kind` and its trainer (special tokens first, [PAD] = id 0; then
+    `first_tokens`, given to the trainer as special tokens too)."""
+    special = list(SPECIAL_TOKENS.values()) + list(first_tokens or [])
     if kind == "wordpiece":  # BERT's pipeline
         tokenizer = Tokenizer(models.WordPiece(unk_token=SPECIAL_TOKENS["unk_token"]))
         tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
@@ -277,9 +322,9 @@ def _tokenizer_model(kind: str, vocab_size: int, lowercase: bool) -> tuple[Token
 
 
 def train_tokenizer(split, kind: str, vocab_size: int, lowercase: bool = True) -> PreTrainedTokenizerFast:
-    """Train a `kind` ("wordpiece" or "unigram") tokenizer on the "text" column of `split`."""
-    tokenizer, trainer = _tokenizer_model(kind, vocab_size, lowercase)
-    tokenizer.train_from_iterator(_texts(split), trainer=trainer)
+    """Train a `kind` ("wordpiece" or "unigram") tokenizer on the "text" column of `split`; the same text and options
+    give the same tokenizer, ids and all (see _train_deterministically)."""
+    tokenizer = _train_deterministically(split, kind, vocab_size, lowercase)
     cls, sep = SPECIAL_TOKENS["cls_token"], SPECIAL_TOKENS["sep_token"]
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{cls} $A {sep}",
@@ -288,6 +333,70 @@ def train_tokenizer(split, kind: str, vocab_size: int, lowercase: bool = True) -
     )
     logger.info("trained a %s tokenizer with %d tokens", kind, tokenizer.get_vocab_size())
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
+
+
+UNIGRAM_SCORE_DECIMALS = 6  # what the trainer's scores keep (see _canonical_unigram)
+UNIGRAM_PENALTY = 1e-4  # the score step between the characters the Unigram trainer adds (see _canonical_unigram)
+
+
+def _train_deterministically(split, kind: str, vocab_size: int, lowercase: bool) -> Tokenizer:
+    """The trained pipeline. The tokenizers trainers count words in hash maps, seeded at random in every process (and
+    for every map), so their output depends on iteration order where it should not:
+
+    * WordPiece (BPE's trainer) numbers the continuation characters ("##x") in the order it meets them, and among
+      merges of equal count it takes the pair of lowest ids first: the vocabulary changes with that order near its
+      end, and the ids everywhere. A first pass (no merges: cheap) finds the continuation characters; the second pass
+      is given them, sorted, as special tokens, which numbers them first and in a fixed order (they then become plain
+      tokens again). The text is read twice.
+    * Unigram sums its EM statistics in word order (scores differ in their last digits between runs), orders pieces
+      of equal score by that order, and gives the characters it must keep but had pruned scores one step apart in
+      hash order. _canonical_unigram fixes each.
+
+    What remains: the Unigram trainer's pruning compares those sums; where two pieces tie to the last digits, which
+    one it keeps could still differ between runs (not seen on the corpora tested)."""
+    if kind == "wordpiece":
+        alphabet, trainer = _tokenizer_model(kind, 1, lowercase)
+        alphabet.train_from_iterator(_texts(split), trainer=trainer)
+        continuations = sorted(token for token in alphabet.get_vocab() if token.startswith("##"))
+        tokenizer, trainer = _tokenizer_model(kind, vocab_size, lowercase, continuations)
+        tokenizer.train_from_iterator(_texts(split), trainer=trainer)
+        state = json.loads(tokenizer.to_str())
+        state["added_tokens"] = [token for token in state["added_tokens"] if token["content"] not in continuations]
+        return Tokenizer.from_str(json.dumps(state))
+    tokenizer, trainer = _tokenizer_model(kind, vocab_size, lowercase)
+    tokenizer.train_from_iterator(_texts(split), trainer=trainer)
+    return _canonical_unigram(tokenizer)
+
+
+def _canonical_unigram(tokenizer: Tokenizer) -> Tokenizer:
+    """A trained Unigram pipeline with its scores and ids independent of the trainer's hash order: the characters
+    the trainer added back get their scores (the lowest score, plus UNIGRAM_PENALTY for each one before) in
+    code-point order; scores are rounded to UNIGRAM_SCORE_DECIMALS (the last digits of the trainer's sums vary, and
+    1e-6 in a log-probability changes no segmentation worth the name); ids: the special tokens, then the pieces by
+    decreasing score, equal scores in code-point order."""
+    state = json.loads(tokenizer.to_str())
+    model = state["model"]
+    special = set(SPECIAL_TOKENS.values())
+    first = [entry for entry in model["vocab"] if entry[0] in special]
+    pieces = {piece: score for piece, score in model["vocab"] if piece not in special}
+    lowest = min(pieces.values())
+    # The added characters sit on the steps 0, 1, ..., n - 1 above the lowest score; a piece of the trainer's own
+    # that happens to lie on a step further up is left alone.
+    on_steps = {}
+    for piece, score in pieces.items():
+        step = (score - lowest) / UNIGRAM_PENALTY
+        if len(piece) == 1 and abs(step - round(step)) < 1e-6:
+            on_steps[piece] = round(step)
+    added = sorted(piece for piece, step in on_steps.items() if step < len(on_steps))
+    for piece, step in zip(added, sorted(on_steps[piece] for piece in added)):
+        pieces[piece] = lowest + step * UNIGRAM_PENALTY
+    ordered = sorted(
+        ((piece, round(score, UNIGRAM_SCORE_DECIMALS)) for piece, score in pieces.items()),
+        key=lambda entry: (-entry[1], entry[0]),
+    )
+    model["vocab"] = [*first, *map(list, ordered)]
+    model["unk_id"] = next(i for i, (piece, _) in enumerate(model["vocab"]) if piece == SPECIAL_TOKENS["unk_token"])
+    return Tokenizer.from_str(json.dumps(state))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -318,7 +427,10 @@ def pack_batch(texts: list[str], tokenizer, max_seq_length: int, word_starts: bo
     Returns {"input_ids": [[...], ...]} and, with `word_starts`, a parallel "word_starts" column of 0/1 flags.
     """
     start, sep = frame_tokens(tokenizer)
-    encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
+    # Whole documents, cut into chunks below: transformers' "longer than the maximum sequence length" warning is void
+    encoded = tokenizer(
+        texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False, verbose=False
+    )
     stream, starts = [], []
     for index, ids in enumerate(encoded["input_ids"]):
         if not ids:

@@ -9,7 +9,10 @@ Sharing" (ICLR 2023), section 3; the official code is microsoft/DeBERTa, `apps/t
   replaced by [MASK] (the official RTD masking: no random or kept tokens).
 * Replacements are sampled from the generator's full output distribution at the masked positions
   (`softmax(logits / temperature)`, one multinomial draw; the official `topk_sampling` with topk=1, temp=1), without
-  gradient. A replaced token that happens to equal the original counts as original (label 0).
+  gradient. A replaced token that happens to equal the original counts as original (label 0). In training the draws
+  come from torch's RNG (which a resumed run restores); in evaluation (`model.eval()`) from a generator per sequence
+  seeded by `eval_seed` and the sequence's tokens, so that two evaluations of the same weights on the same held-out
+  data give the same metrics, whatever the batch size, padding or order.
 * The discriminator is a `DebertaForReplacedTokenDetection`; its loss is the mean binary cross-entropy over all real
   tokens, and the total loss is `mlm_loss + rtd_weight * rtd_loss` (paper: lambda = 50, as ELECTRA; the official
   script's `--rtd_lambda` defaults to 10).
@@ -27,7 +30,7 @@ Checkpoints (`RTDTrainer`; the final output folder has the same layout):
     checkpoint-N/config.json, model.safetensors   the discriminator as a normal DeBERTa checkpoint, with the effective
                                                   embedding E_G + E_Delta folded in: `posformers-glue
                                                   --model_name_or_path checkpoint-N` fine-tunes it as it is
-    checkpoint-N/generator/                       the generator (a DebertaForMaskedLM checkpoint)
+    checkpoint-N/generator/                       the generator (a DebertaForMaskedLM checkpoint, with the tokenizer)
     checkpoint-N/gdes_delta.safetensors           E_Delta itself, so that resuming restores the pair bit for bit
                                                   (E_G + E_Delta - E_G is not E_Delta in floating point)
     checkpoint-N/optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json   Trainer's own, as for any model
@@ -37,9 +40,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import logging
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -164,18 +169,52 @@ class RTDOutput(ModelOutput):
     rtd_input_ids: torch.Tensor | None = None
 
 
-def sample_replacements(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def sample_replacements(logits: torch.Tensor, temperature: float = 1.0, generator=None) -> torch.Tensor:
     """One token per row drawn from softmax(logits / temperature). logits (N, V) -> (N,) ids."""
     probabilities = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probabilities, 1).view(-1)
+    return torch.multinomial(probabilities, 1, generator=generator).view(-1)
 
 
-def corrupt(input_ids, labels, logits, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_spans(input_ids, attention_mask=None, cu_seq_lens=None) -> list[tuple[int, int, torch.Tensor]]:
+    """(start, end, tokens) of each sequence of a batch, in positions of the batch flattened row by row: the rows of
+    a padded batch (B, L), tokens without the padding; or the sequences of a flattened one (1, N), `cu_seq_lens`
+    (B + 1,) their boundaries. A sequence has the same tokens in either form."""
+    if cu_seq_lens is not None:
+        bounds = cu_seq_lens.tolist()
+        return [(start, end, input_ids.view(-1)[start:end]) for start, end in itertools.pairwise(bounds)]
+    length = input_ids.shape[1]
+    rows = input_ids if attention_mask is None else [row[mask.bool()] for row, mask in zip(input_ids, attention_mask)]
+    return [(index * length, (index + 1) * length, tokens) for index, tokens in enumerate(rows)]
+
+
+def seeded_replacements(labels, logits, temperature: float, seed: int, spans) -> torch.Tensor:
+    """`sample_replacements` at the masked positions (labels != -100) in row-major order, each sequence of `spans`
+    (see sequence_spans) drawn with a generator seeded by `seed` and its tokens."""
+    masked = (labels != -100).view(-1)
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    samples = []
+    for start, end, tokens in spans:
+        positions = masked[start:end].nonzero().view(-1) + start
+        if positions.numel():
+            key = zlib.crc32(tokens.detach().to("cpu", torch.int64).numpy().tobytes())
+            generator = torch.Generator(device=logits.device).manual_seed(seed * 1_000_003 + key)
+            samples.append(sample_replacements(flat_logits[positions].detach(), temperature, generator))
+    return torch.cat(samples) if samples else torch.zeros(0, dtype=torch.long, device=logits.device)
+
+
+def corrupt(
+    input_ids, labels, logits, temperature: float = 1.0, seed: int | None = None, spans=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The discriminator's input and labels. input_ids, labels (B, L) (labels: the original id where masked, -100
     elsewhere); logits (B, L, V) of the generator. Returns (B, L) ids with masked positions replaced by samples,
-    and (B, L) labels: 1 where the sample differs from the original, else 0."""
+    and (B, L) labels: 1 where the sample differs from the original, else 0. With a `seed` (and the batch's
+    `sequence_spans`) the samples are `seeded_replacements`, else torch's RNG draws them."""
     masked = labels != -100
-    sampled = sample_replacements(logits[masked].detach(), temperature)
+    if seed is None:
+        sampled = sample_replacements(logits[masked].detach(), temperature)
+    else:
+        spans = spans if spans is not None else sequence_spans(input_ids)
+        sampled = seeded_replacements(labels, logits, temperature, seed, spans)
     corrupted = input_ids.clone()
     corrupted[masked] = sampled
     replaced = torch.zeros_like(labels)
@@ -187,6 +226,9 @@ class DebertaRTDModel(nn.Module):
     """Generator + discriminator with GDES; `forward` returns the summed loss (see the module docstring)."""
 
     main_input_name = "input_ids"
+    # The summed loss is a mean per batch (the discriminator's over real tokens, a count Trainer does not keep): no
+    # num_items_in_batch, so that Trainer does not multiply it by the number of processes.
+    accepts_loss_kwargs = False
 
     def __init__(
         self,
@@ -194,10 +236,12 @@ class DebertaRTDModel(nn.Module):
         discriminator: DebertaForReplacedTokenDetection,
         rtd_weight: float = 50.0,
         temperature: float = 1.0,
+        eval_seed: int | None = 0,
     ):
         super().__init__()
         self.generator, self.discriminator = generator, discriminator
         self.rtd_weight, self.temperature = rtd_weight, temperature
+        self.eval_seed = eval_seed  # evaluation draws the replacements with it (None: from torch's RNG, as training)
         self.config = discriminator.config  # what Trainer reads (model card, ignore keys)
         self._share_embeddings()
 
@@ -236,7 +280,11 @@ class DebertaRTDModel(nn.Module):
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, labels=labels, **layout
         )
         with torch.no_grad():
-            corrupted, replaced = corrupt(input_ids, labels, generated.logits, self.temperature)
+            seed = None if self.training else self.eval_seed
+            spans = None
+            if seed is not None:
+                spans = sequence_spans(input_ids, attention_mask, layout.get("cu_seq_lens_q"))
+            corrupted, replaced = corrupt(input_ids, labels, generated.logits, self.temperature, seed, spans)
             # The discriminator sees the original tokens everywhere it was not masked.
             corrupted = torch.where(labels != -100, corrupted, input_ids)
         if attention_mask is not None:
@@ -256,10 +304,12 @@ class DebertaRTDModel(nn.Module):
         )
 
 
-def build_rtd_model(config: DebertaConfig, args: RTDArguments, discriminator_path: str | None = None, **load_kwargs):
+def build_rtd_model(
+    config: DebertaConfig, args: RTDArguments, discriminator_path: str | None = None, eval_seed: int = 0, **load_kwargs
+):
     """The pair: discriminator from `discriminator_path` (or new from `config`), generator from
     `args.generator_name_or_path` (or new). A pre-trained discriminator keeps its embeddings as E_Delta's starting
-    point minus the generator's, so that its effective embedding is unchanged."""
+    point minus the generator's, so that its effective embedding is unchanged. `eval_seed`: see DebertaRTDModel."""
     if config.model_type != DebertaConfig.model_type:
         raise ArgumentError(
             f"--objective rtd pre-trains DeBERTa-v3 (model_type {DebertaConfig.model_type}); got {config.model_type}"
@@ -275,7 +325,7 @@ def build_rtd_model(config: DebertaConfig, args: RTDArguments, discriminator_pat
     else:
         generator = DebertaForMaskedLM(generator_config(config, args))
     tables = {name: getattr(discriminator.deberta.embeddings, name, None) for name in SHARED_TABLES}
-    model = DebertaRTDModel(generator, discriminator, args.rtd_weight, args.sampling_temperature)
+    model = DebertaRTDModel(generator, discriminator, args.rtd_weight, args.sampling_temperature, eval_seed)
     if discriminator_path:
         with torch.no_grad():
             for name, table in tables.items():
@@ -376,6 +426,8 @@ class RTDTrainer(Trainer):
         save_rtd(self.accelerator.unwrap_model(self.model), output_dir)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
+            # generator/ is a fill-mask model of its own: without its tokenizer, a pipeline on it picks another
+            self.processing_class.save_pretrained(Path(output_dir) / GENERATOR_DIR)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:

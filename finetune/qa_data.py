@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .errors import BadExamples, DataError
 from .qa_html import html_to_text
+from .text_files import read_text
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +46,12 @@ KORQUAD_MODES = ("html", "context")
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def read_json(path: Path):
-    """A .json file, or a .jsonl file as a list of records; errors name the file and line."""
+def read_json(path: Path, encoding: str | None = None):
+    """A .json file, or a .jsonl file as a list of records; errors name the file and line. `encoding`: --encoding
+    (finetune/text_files.py)."""
     if not path.is_file():
         raise DataError("no such file", path=path)
-    text = path.read_text(encoding="utf-8-sig")
+    text = read_text(path, encoding)
     if not text.strip():
         raise DataError("the file is empty", path=path)
     if path.suffix == ".jsonl":
@@ -314,7 +316,7 @@ def _trivia_documents(record: dict, evidence_dir: Path) -> list[tuple[str, str, 
     return documents
 
 
-def triviaqa_examples(data, path: Path, evidence_dir: Path | None, split: str) -> list:
+def triviaqa_examples(data, path: Path, evidence_dir: Path | None, split: str, encoding: str | None = None) -> list:
     """Examples (or DataErrors) of a TriviaQA question file: one per (question, evidence document). In training, a
     document in which no alias occurs teaches nothing and is left out (counted in the log)."""
     evidence_dir = Path(evidence_dir) if evidence_dir else path.parent.parent / "evidence"
@@ -339,7 +341,7 @@ def triviaqa_examples(data, path: Path, evidence_dir: Path | None, split: str) -
                 if file not in texts:
                     if not file.is_file():
                         raise DataError(f"{where}: evidence document {file} does not exist", path=path)
-                    texts[file] = file.read_text(encoding="utf-8")
+                    texts[file] = read_text(file, encoding)
                 spans = alias_spans(texts[file], aliases)
                 if answer is not None and not spans and split == "train":
                     without_answer += 1
@@ -369,20 +371,21 @@ def load_qa_file(
     korquad_mode: str = "html",
     evidence_dir=None,
     version_2_with_negative: bool = False,
+    encoding: str | None = None,
 ) -> list[dict]:
     """The checked examples of one file. `split` "test" needs no answers; the others need one per question unless
     `version_2_with_negative` (or TriviaQA, where a document may hold no alias at evaluation)."""
     if data_format not in DATA_FORMATS:
         raise DataError(f"data_format must be one of {DATA_FORMATS}, got {data_format!r}")
     path = Path(path)
-    data = read_json(path)
+    data = read_json(path, encoding)
     kind = detect_format(data, path) if data_format == "auto" else data_format
     if kind == "squad":
         examples = squad_examples(data, path)
     elif kind == "korquad2":
         examples = korquad2_examples(data, path, korquad_mode)
     else:
-        examples = triviaqa_examples(data, path, evidence_dir, split)
+        examples = triviaqa_examples(data, path, evidence_dir, split, encoding)
     require_answers = split != "test"
     allow_unanswerable = version_2_with_negative or (kind == "triviaqa" and split != "train")
     kept = check_examples(examples, path, bad, require_answers, allow_unanswerable)

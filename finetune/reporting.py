@@ -69,6 +69,13 @@ class ThroughputCallback(TrainerCallback):
         self._start_tokens = state.num_input_tokens_seen or 0
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None and "loss" in logs:
+            # Counting tokens, Trainer adds `train_runtime` (the time so far) to every training log line. Its model
+            # card reads the first log entry holding that key as the end of training and drops every evaluation
+            # after it from the card's "Training results", so only the final summary (`train_loss`) keeps the key.
+            logs.pop("train_runtime", None)
+            if state.log_history and "loss" in state.log_history[-1]:
+                state.log_history[-1].pop("train_runtime", None)
         if logs is None or self._start_time is None or "loss" not in logs:
             return  # only training log lines: eval and final-summary lines carry their own speed metrics
         elapsed = time.perf_counter() - self._start_time

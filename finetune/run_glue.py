@@ -25,7 +25,9 @@ finetune/glue_metrics.py). Data rules: finetune/glue_data.py.
 
 Bad data stops the script before training with one line naming file, line and column (exit status 1):
 unknown task, missing text or label columns, empty labels, labels outside the task's label set, empty files, malformed
-rows (`--skip_bad_examples` skips those rows and says how many), and labels that do not fit a fine-tuned model's head.
+rows (`--skip_bad_examples` skips those rows and says how many), labels that do not fit a fine-tuned model's head,
+a training label that looks like a typo of another (finetune/glue_data.py's suspicious_labels; `--label_names neg,pos`
+declares the labels instead, and every other one stops the run), and files that are not in --encoding (default UTF-8).
 A --max_seq_length beyond the model's positions is lowered to them, with a warning.
 """
 
@@ -49,7 +51,7 @@ from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 from . import metrics
 from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
 from .distributed import attach, exit_on_lost_process, prepare_processes
-from .errors import DataError, exit_on_data_error
+from .errors import ArgumentError, DataError, exit_on_data_error
 from .glue_data import GlueTask, Table, get_task, read_files, read_hub, rename_labels, split_files, submission_name
 from .glue_metrics import TASK_METRICS
 from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
@@ -82,7 +84,13 @@ class DataTrainingArguments:
             "help": "A GLUE task folder with the official files (train.tsv, dev.tsv, test.tsv; MNLI: dev_matched...)"
         },
     )
-    train_file: str | None = dataclasses.field(default=None, metadata={"help": "A .tsv/.csv/.json/.jsonl file."})
+    train_file: str | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "A .tsv/.csv/.json/.jsonl file. Its labels are the label set, unless --label_names neg,pos "
+            "declares it (then every other label stops the run)."
+        },
+    )
     validation_file: str | None = dataclasses.field(default=None, metadata={"help": "Same; MNLI: the matched set."})
     validation_mismatched_file: str | None = dataclasses.field(default=None, metadata={"help": "MNLI mismatched dev."})
     test_file: str | None = dataclasses.field(default=None, metadata={"help": "Same; MNLI: the matched test set."})
@@ -115,20 +123,44 @@ class DataTrainingArguments:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def load_tables(data_args: DataTrainingArguments, skip_bad: bool, cache_dir) -> tuple[GlueTask | None, dict]:
-    """The task (None: custom data) and its validated splits, from files or the Hub."""
+def load_tables(
+    data_args: DataTrainingArguments, skip_bad: bool, cache_dir, encoding: str | None = None, label_names=None
+) -> tuple[GlueTask | None, dict]:
+    """The task (None: custom data) and its validated splits, from files (read in `encoding`) or the Hub;
+    `label_names`: the declared labels of custom data (--label_names)."""
     task = get_task(data_args.task_name) if data_args.task_name else None
+    if task is not None and label_names is not None:
+        raise ArgumentError(
+            f"--label_names declares the labels of custom data; {task.name} has its own ({', '.join(task.label_names)})"
+        )
     text_columns = tuple(c.strip() for c in data_args.text_columns.split(",")) if data_args.text_columns else None
     files = split_files(task, data_args.data_dir, data_args.explicit_files())
     if files:
-        return task, read_files(files, task, text_columns, skip_bad)
+        return task, read_files(files, task, text_columns, skip_bad, encoding, label_names)
     if data_args.dataset_name is None and task is None:
         raise DataError("no data: give --task_name, --data_dir, --train_file/--validation_file or --dataset_name")
     name = data_args.dataset_name or GLUE_HUB_NAMES[0]
     config_name = data_args.dataset_config_name
     if config_name is None and name in GLUE_HUB_NAMES and task is not None:
         config_name = task.name
-    return task, read_hub(name, config_name, task, text_columns, cache_dir)
+    return task, read_hub(name, config_name, task, text_columns, cache_dir, label_names)
+
+
+def declared_labels(training_args: TrainingArguments) -> tuple[str, ...] | None:
+    """--label_names: the labels of custom data, in id order ("neg,pos" or "neg pos"); None when not given.
+
+    The flag is TrainingArguments' (the names of the model's label inputs), which a sequence classifier always calls
+    "labels": here it declares the label set, and Trainer is left its default."""
+    given, training_args.label_names = training_args.label_names, None
+    if not given:
+        return None
+    names = tuple(name.strip() for word in given for name in word.split(",") if name.strip())
+    if len(names) < 2 or len(set(names)) < len(names):
+        raise ArgumentError(
+            f"--label_names {','.join(given)}: declare the labels of the data, each once, at least two (e.g. "
+            "--label_names negative,positive)"
+        )
+    return names
 
 
 def splits_for(task: GlueTask | None, tables: dict, prefix: str) -> list[str]:
@@ -228,7 +260,8 @@ def set_labels(config, label_names: tuple[str, ...] | None, task: GlueTask | Non
         raise DataError(
             f"the data has {num_labels} label(s) ({', '.join(label_names or ['a score'])}) but "
             f"{model_args.model_name_or_path} was fine-tuned with num_labels={config.num_labels} "
-            f"({', '.join(map(str, config.id2label.values()))}); pass --ignore_mismatched_sizes to give it a new head",
+            f"({', '.join(map(str, config.id2label.values()))}){_unknown_to(config, label_names, task)}; pass "
+            "--ignore_mismatched_sizes to give it a new head",
             column="label",
         )
     if task is not None:  # the model carries what the file labels mean (SST-2: "0" -> "negative")
@@ -239,6 +272,18 @@ def set_labels(config, label_names: tuple[str, ...] | None, task: GlueTask | Non
     config.problem_type = "regression" if label_names is None else "single_label_classification"
     config.finetuning_task = task.name if task else None
     return config
+
+
+def _unknown_to(config, label_names, task: GlueTask | None) -> str:
+    """The data's labels that a fine-tuned head lacks, where it has some of the others (a label mistyped, or a class
+    added), for the error of set_labels: ", without 'neutral'"; "" otherwise."""
+    model_names = {str(name) for name in config.id2label.values()}
+    if task is not None:
+        model_names |= set(rename_labels(tuple(model_names), task.class_names, task.label_names))
+    unknown = [name for name in label_names or () if name not in model_names]
+    if not unknown or len(unknown) == len(label_names):
+        return ""
+    return f", without {', '.join(map(repr, unknown))}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -308,7 +353,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
     set_seed(training_args.seed)
 
-    task, tables = load_tables(data_args, run_args.skip_bad_examples, model_args.cache_dir)
+    declared = declared_labels(training_args)
+    task, tables = load_tables(data_args, run_args.skip_bad_examples, model_args.cache_dir, run_args.encoding, declared)
     check_splits(training_args, tables)
     label_names = next(iter(tables.values())).label_names
     regression = label_names is None

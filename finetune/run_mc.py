@@ -62,12 +62,14 @@ class McDataArguments(SplitDataArguments):
     """posformers-mc's data options (names as in transformers' run_swag)."""
 
 
-def load_splits(data_args: McDataArguments, training_args, skip_bad: bool, cache_dir) -> dict:
-    """The questions of each split the run needs; training and evaluation need answers."""
+def load_splits(
+    data_args: McDataArguments, training_args, skip_bad: bool, cache_dir, encoding: str | None = None
+) -> dict:
+    """The questions of each split the run needs (files read in `encoding`); training and evaluation need answers."""
     files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
     files = {split: name for split, name in files.items() if name}
     if files:
-        splits = read_split_files(files, skip_bad)
+        splits = read_split_files(files, skip_bad, encoding)
     elif data_args.dataset_name:
         splits = read_hub(data_args.dataset_name, data_args.dataset_config_name, cache_dir)
     else:
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
     set_seed(training_args.seed)
 
-    splits = load_splits(data_args, training_args, run_args.skip_bad_examples, model_args.cache_dir)
+    splits = load_splits(data_args, training_args, run_args.skip_bad_examples, model_args.cache_dir, run_args.encoding)
     config = load_config(model_args)
     tokenizer = load_tokenizer(model_args)
     tokenizer.padding_side = "right"

@@ -108,12 +108,15 @@ SPLIT_FLAGS = {"train": "do_train", "validation": "do_eval", "test": "do_predict
 SAMPLE_LIMITS = {"train": "max_train_samples", "validation": "max_eval_samples", "test": "max_predict_samples"}
 
 
-def load_splits(data_args: NerDataArguments, training_args, skip_bad: bool, cache_dir) -> tuple[dict, list | None]:
-    """The sentences of each split the run needs, and the dataset's declared tag order (or None)."""
+def load_splits(
+    data_args: NerDataArguments, training_args, skip_bad: bool, cache_dir, encoding: str | None = None
+) -> tuple[dict, list | None]:
+    """The sentences of each split the run needs (files read in `encoding`), and the dataset's declared tag order
+    (or None)."""
     files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
     files = {split: name for split, name in files.items() if name}
     if files:
-        splits, declared = read_split_files(files, data_args.columns, skip_bad), None
+        splits, declared = read_split_files(files, data_args.columns, skip_bad, encoding), None
     elif data_args.dataset_name:
         splits, declared = read_hub(data_args.dataset_name, data_args.dataset_config_name, data_args.columns, cache_dir)
     else:
@@ -314,7 +317,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
     set_seed(training_args.seed)
 
-    splits, declared = load_splits(data_args, training_args, run_args.skip_bad_examples, model_args.cache_dir)
+    splits, declared = load_splits(
+        data_args, training_args, run_args.skip_bad_examples, model_args.cache_dir, run_args.encoding
+    )
     config = load_config(model_args)
     set_labels(config, label_list(splits, declared), model_args)
     tokenizer = tokenizer_for_words(load_tokenizer(model_args), model_args)

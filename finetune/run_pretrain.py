@@ -45,7 +45,8 @@ checkpoint instead of training it again).
 
 Held-out metrics (eval_*): MLM `loss`, `perplexity` and `accuracy` over the selected tokens, masked the same way at
 every evaluation; for rtd the generator's `mlm_*` and the discriminator's `rtd_loss`, `rtd_accuracy` and the share of
-tokens replaced, next to `eval_loss` (mlm_loss + rtd_weight * rtd_loss); for distill `eval_loss` (the distillation
+tokens replaced, next to `eval_loss` (mlm_loss + rtd_weight * rtd_loss), with the replacements drawn the same way at
+every evaluation (from --seed and each sequence's tokens); for distill `eval_loss` (the distillation
 loss) and `eval_accuracy_vs_teacher`; for rss `eval_loss` (the span-selection loss) and `eval_exact_match` (the
 share of questions whose argmax start and end are both the answer's), on held-out passages masked the same way at
 every evaluation.
@@ -135,10 +136,16 @@ class PretrainArguments:
 
 
 def obtain_tokenizer(
-    model_args: ModelArguments, data_args: PretrainDataArguments, corpus: dict, checkpoint, output_dir
+    model_args: ModelArguments,
+    data_args: PretrainDataArguments,
+    corpus: dict,
+    checkpoint,
+    output_dir,
+    max_positions: int | None = None,
 ):
-    """The tokenizer: trained on the corpus (`--train_tokenizer`, saved into output_dir), reloaded from the
-    checkpoint a resumed run trained it into, or loaded from --tokenizer_name / the model."""
+    """The tokenizer: trained on the corpus (`--train_tokenizer`, with the model's `max_positions` as its
+    `model_max_length`; saved into output_dir unless that is None), reloaded from the checkpoint a resumed run trained
+    it into, or loaded from --tokenizer_name / the model."""
     if data_args.train_tokenizer is None:
         return load_tokenizer(model_args)
     if checkpoint is not None:
@@ -149,7 +156,10 @@ def obtain_tokenizer(
     tokenizer = train_tokenizer(
         corpus["train"], data_args.train_tokenizer, data_args.tokenizer_vocab_size, data_args.tokenizer_lowercase
     )
-    tokenizer.save_pretrained(output_dir)
+    if max_positions is not None:  # else the tokenizers library's "no limit" (1e30): LittleBird has no position limit
+        tokenizer.model_max_length = max_positions
+    if output_dir is not None:
+        tokenizer.save_pretrained(output_dir)
     return tokenizer
 
 
@@ -201,9 +211,9 @@ def check_run(training_args: TrainingArguments, data_args: PretrainDataArguments
         raise ArgumentError("--streaming needs --max_steps (a streamed corpus has no known length)")
 
 
-def build_model(objective: str, config, model_args: ModelArguments, rtd_args: RTDArguments):
-    if objective == "rtd":
-        return build_rtd_model(config, rtd_args, model_args.model_name_or_path)
+def build_model(objective: str, config, model_args: ModelArguments, rtd_args: RTDArguments, seed: int = 0):
+    if objective == "rtd":  # evaluation draws the generator's samples with `seed` (finetune/pretrain_rtd.py)
+        return build_rtd_model(config, rtd_args, model_args.model_name_or_path, eval_seed=seed)
     return load_model(model_args, config, AutoModelForMaskedLM)
 
 
@@ -285,8 +295,13 @@ def pretrain(objective: str, run: PretrainRun, checkpoint: str | None = None) ->
         span_selection_class(config.model_type)  # refuses the models without a span-selection head
         if rss_args.rss_padding_insertion and config.model_type != "littlebird":
             raise ArgumentError(f"--rss_padding_insertion is for LittleBird models, not {config.model_type}")
-    corpus = load_corpus(data_args, training_args.seed, model_args.cache_dir, need_validation=training_args.do_eval)
-    tokenizer = obtain_tokenizer(model_args, data_args, corpus, checkpoint, training_args.output_dir)
+    corpus = load_corpus(
+        data_args, training_args.seed, model_args.cache_dir, training_args.do_eval, encoding=run_args.encoding
+    )
+    max_positions = getattr(config, "max_position_embeddings", None)
+    # a trained tokenizer is saved by the process that saves the run (one per run, or per node with save_on_each_node)
+    save_to = training_args.output_dir if training_args.should_save else None
+    tokenizer = obtain_tokenizer(model_args, data_args, corpus, checkpoint, save_to, max_positions)
     config = fit_config_to_tokenizer(config, tokenizer, model_args, data_args)
     if rss:
         question_token_id = add_question_token(tokenizer)
@@ -294,7 +309,7 @@ def pretrain(objective: str, run: PretrainRun, checkpoint: str | None = None) ->
             config.vocab_size = max(config.vocab_size, len(tokenizer))
         model = build_rss_model(config, model_args, tokenizer, question_token_id)
     else:
-        model = build_model(objective, config, model_args, rtd_args)
+        model = build_model(objective, config, model_args, rtd_args, training_args.seed)
     # Distillation and RSS with Padding Insertion insert padding into the batches on purpose: they stay padded (the
     # model unpads them internally where it can: right padding; inserted runs are holes, which keep the padded path).
     inserts_padding = objective == "distill" or (rss and rss_args.rss_padding_insertion)

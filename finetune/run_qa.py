@@ -197,6 +197,7 @@ def load_split(data_args, model_args, run_args, split: str) -> list[dict]:
             korquad_mode=data_args.korquad_mode,
             evidence_dir=data_args.triviaqa_evidence_dir,
             version_2_with_negative=data_args.version_2_with_negative,
+            encoding=run_args.encoding,
         )
     elif data_args.dataset_name is not None:
         records = hub_examples(load_hub_split(data_args, model_args, split), data_args.dataset_name)
@@ -361,13 +362,15 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     def evaluate() -> dict:
         metrics = {**trainer.evaluate(), "eval_samples": len(eval_examples)}
-        trainer.last_predictions.write(training_args.output_dir, "eval")
+        if trainer.is_world_process_zero():  # every process has the answers; one writes them
+            trainer.last_predictions.write(training_args.output_dir, "eval")
         return metrics
 
     def predict() -> dict:
         test_examples, test_features = datasets_["test"]
         output = trainer.predict(test_features, test_examples, metric_key_prefix="predict")
-        trainer.last_predictions.write(training_args.output_dir, "predict")
+        if trainer.is_world_process_zero():
+            trainer.last_predictions.write(training_args.output_dir, "predict")
         return {**output.metrics, "predict_samples": len(test_examples)}
 
     return run_stages(

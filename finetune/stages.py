@@ -13,8 +13,8 @@ Each stage runs when its TrainingArguments flag asks for it (`--do_train`, `--do
 table); the metrics of all stages come back in one dict. Before pushing, `finish_run` writes training_curves.png and
 the model card (README.md, with a model-index) into the output folder.
 
-SIGTERM during training saves a checkpoint at the end of the current step and ends the process with status
-`checkpoints.PREEMPTED_EXIT_STATUS` (75) before the other stages; rerun with `--resume_from_checkpoint True`.
+SIGTERM or SIGINT (Ctrl-C) during training saves a checkpoint at the end of the current step and ends the process with
+status `checkpoints.PREEMPTED_EXIT_STATUS` (75) before the other stages; rerun with `--resume_from_checkpoint True`.
 
 Every stage runs on every process: under torchrun each one is a collective somewhere (evaluation gathers the
 predictions; under FSDP or DeepSpeed ZeRO-3, saving gathers the sharded weights, and `Trainer.push_to_hub` saves before
@@ -51,7 +51,7 @@ def run_stages(
     args = trainer.args
     results: dict = {}
     if args.do_train:
-        preemption = PreemptionCallback()  # SIGTERM: a checkpoint at the step's end, then PREEMPTED_EXIT_STATUS
+        preemption = PreemptionCallback()  # SIGTERM, Ctrl-C: a checkpoint at the step's end, PREEMPTED_EXIT_STATUS
         trainer.add_callback(preemption)
         train_result = trainer.train(resume_from_checkpoint=checkpoint)
         preemption.exit_if_preempted(trainer)

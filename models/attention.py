@@ -53,6 +53,14 @@ class FusedKernelChoice:
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         if requested_attention == "flex_attention":
             raise ValueError(self.flex_attention_refusal)
+        if requested_attention is not None and "flash" in requested_attention:
+            # transformers' own text for a model without FlashAttention points to a Hub page built from the folder's
+            # path (https://huggingface.co//tmp/...), and asking there cannot help: the kernel takes no score bias.
+            raise ValueError(
+                f"attn_implementation={requested_attention!r}: FlashAttention takes no position scores, which "
+                f"{type(self).__name__}'s attention adds to every score; leave attn_implementation unset or use "
+                "'posformers_fused', the model's own FlexAttention kernel"
+            )
         if requested_attention == "posformers_fused":
             if not flex_attention_available():
                 raise ValueError(

@@ -175,9 +175,9 @@ class DebertaConfig(EncoderConfig):
         relative_attention (`bool`, defaults to `True`): disentangled attention with relative position embeddings.
         max_relative_positions (`int`, defaults to `-1`): relative distances are clipped to this span; below 1 it
             means `max_position_embeddings`.
-        position_buckets (`int`, defaults to `256`): number of log buckets for relative distances (v2/v3); `-1` (or 0)
-            uses the distances themselves (v1). Ignored (set to -1, with a logged note) without `relative_attention`,
-            as the official code ignores it.
+        position_buckets (`int`, defaults to `256` with `relative_attention`, else `-1`): number of log buckets for
+            relative distances (v2/v3); `-1` (or 0) uses the distances themselves (v1). A value set without
+            `relative_attention` is ignored (set to -1, with a logged note), as the official code ignores it.
         pos_att_type (`str` or `list[str]`, defaults to `["p2c", "c2p"]`): which position terms enter the attention
             scores: "c2p" (content-to-position), "p2c" (position-to-content). Official files write "p2c|c2p". The
             scores are scaled by `1 / sqrt(head_dim * (1 + len(pos_att_type)))`, as in the official code. "none" (the
@@ -188,7 +188,8 @@ class DebertaConfig(EncoderConfig):
             (v2/v3); `"none"` does not.
         position_biased_input (`bool`, defaults to `False`): add absolute position embeddings to the input
             embeddings (BERT style). When `False` (every official DeBERTa), absolute positions enter only in the
-            Enhanced Mask Decoder of `DebertaForMaskedLM`.
+            Enhanced Mask Decoder of `DebertaForMaskedLM`. A config with neither this nor `relative_attention` (with
+            at least one `pos_att_type` term) is refused: its encoder would not see word order at all.
         conv_kernel_size (`int`, defaults to `0`): kernel of the convolution layer applied after the first
             transformer layer (v2: 3); 0 disables it. `conv_act` (defaults to `"tanh"`, v2 checkpoints use "gelu")
             and `conv_groups` (defaults to 1) configure it.
@@ -223,7 +224,9 @@ class DebertaConfig(EncoderConfig):
     layer_norm_eps: float = 1e-7
     relative_attention: bool = True
     max_relative_positions: int = -1
-    position_buckets: int = 256
+    # None: 256 (deberta-v3-base) with relative attention, -1 without, so that only a value the user or the file set
+    # draws the "ignored" note
+    position_buckets: int | None = None
     pos_att_type: str | list[str] | None = "p2c|c2p"
     share_att_key: bool = True
     norm_rel_ebd: str = "layer_norm"
@@ -245,6 +248,8 @@ class DebertaConfig(EncoderConfig):
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # an official "deberta" / "deberta-v2" config.json becomes ours
         self.pos_att_type = parse_pos_att_type(self.pos_att_type)
+        if self.position_buckets is None:
+            self.position_buckets = 256 if self.relative_attention is True else -1
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
         if self.pooler_hidden_size is None:
@@ -314,6 +319,7 @@ class DebertaConfig(EncoderConfig):
         check_activation(self, "conv_act")
         check_choice(self, "projection_layout", ("separate", "fused"))
         self._validate_relative_attention()
+        self._validate_position_information()
         if self.conv_kernel_size > 0:
             if self.conv_kernel_size % 2 == 0:
                 raise ValueError(
@@ -325,6 +331,23 @@ class DebertaConfig(EncoderConfig):
                     f"DebertaConfig.conv_groups must be a positive divisor of hidden_size ({self.hidden_size}), "
                     f"got {self.conv_groups!r}"
                 )
+
+    def _validate_position_information(self):
+        # Without absolute positions at the input and without a relative position term, the encoder's attention is
+        # blind to word order: reversing the input reverses the outputs, and nothing says so.
+        if self.position_biased_input:
+            return
+        if not self.relative_attention:
+            raise ValueError(
+                "DebertaConfig has no position information: position_biased_input and relative_attention are both "
+                "false; set relative_attention=True (DeBERTa's relative positions) or position_biased_input=True "
+                "(absolute positions at the input)"
+            )
+        if not self.pos_att_type:
+            raise ValueError(
+                "DebertaConfig has no position information: position_biased_input is false and pos_att_type names no "
+                "relative position term; set pos_att_type='p2c|c2p' or position_biased_input=True"
+            )
 
     def _validate_relative_attention(self):
         entries = parse_pos_att_type(self.pos_att_type)

@@ -24,6 +24,20 @@ from transformers.utils import is_torchdynamo_compiling
 from .packing import PackedBatch, flattened_restarts, pack_padded, plan_packing, zero_padding
 
 
+def per_item_loss(loss: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+    """A loss that is the mean over this batch's labels (those != -100), as their sum divided by `num_items_in_batch`
+    where transformers' Trainer passes it: the labels of the whole optimizer step, over the processes and the
+    accumulated batches. Trainer then multiplies the loss by the number of processes (DDP averages the gradients) and
+    does not divide it by the accumulation steps: a mean left as it is came out that many times too large, in the
+    logs and in the gradients."""
+    if num_items_in_batch is None:
+        return loss
+    count = labels.ne(-100).sum().to(loss.device)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss * count / num_items_in_batch
+
+
 def maybe_tuple(output, return_dict, config):
     """The head's `ModelOutput`, or its tuple when `return_dict` (else `config.return_dict`) is off."""
     return_dict = return_dict if return_dict is not None else config.return_dict
@@ -587,8 +601,11 @@ class GenericForSequenceClassification(FirstTokenClassifier, LabelledHead):
     def head_logits(self, outputs, packing, attention_mask, position_ids) -> torch.Tensor:
         return self.classify(first_token_states(outputs.last_hidden_state, packing))
 
-    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
-        return self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
+    def head_loss(self, logits, labels, attention_mask, num_items_in_batch=None, **kwargs) -> torch.Tensor:
+        # transformers' regression and multi-label losses are means that ignore num_items_in_batch: all are taken as
+        # means, then divided by it alike
+        loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
+        return per_item_loss(loss, labels, num_items_in_batch)
 
 
 class GenericForMultipleChoice(FirstTokenClassifier):
@@ -635,7 +652,10 @@ class GenericForMultipleChoice(FirstTokenClassifier):
         )
         logits = self.score_choices(outputs.last_hidden_state, attention_mask).view(-1, num_choices)
         # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
-        loss = F.cross_entropy(logits, labels.to(logits.device)) if labels is not None else None
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits, labels.to(logits.device))
+            loss = per_item_loss(loss, labels, kwargs.get("num_items_in_batch"))
         return head_output(MultipleChoiceModelOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
 
 

@@ -16,6 +16,9 @@ DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NEEDS_HUB_COMMENT = "<!-- needs-hub -->"
 NEEDS_HUB_FIRST_LINE = "# needs the Hugging Face Hub"
+# A block that reads what a command shown above it writes (a trained folder): a test of its own makes the files and
+# runs it, so the offline run leaves it out.
+RUNS_IN_A_TEST_COMMENT = "<!-- runs-in-a-test -->"
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -115,6 +118,7 @@ def python_blocks(page: Path) -> list[tuple[int, str, bool]]:
                 index += 1
             before = next((line for line in reversed(lines[: start - 1]) if line.strip()), "")
             needs_hub = before.strip() == NEEDS_HUB_COMMENT or (body and body[0].strip() == NEEDS_HUB_FIRST_LINE)
+            needs_hub = needs_hub or before.strip() == RUNS_IN_A_TEST_COMMENT
             blocks.append((start + 1, "\n".join(body) + "\n", needs_hub))
         index += 1
     return blocks
@@ -196,3 +200,98 @@ def test_no_word_about_how_the_project_was_built(path):
         if BUILD_TALK.search(line) and path != Path(__file__).resolve()
     ]
     assert not hits, f"{page_id(path)} talks about how the project was built:\n" + "\n".join(hits)
+
+
+def test_qa_page_opens_with_the_shipped_demo_data_and_the_extractive_pipeline(tmp_path, capsys, monkeypatch):
+    """A question-answering user reads docs/qa.md first: its first section runs posformers-qa on the data installed
+    with posformers and answers a question with the `extractive-question-answering` pipeline (transformers 5's
+    `question-answering` is gone)."""
+    import ast
+    import shlex
+
+    import torch
+    import transformers
+
+    from posformers import LittleBirdConfig, LittleBirdForQuestionAnswering
+    from posformers.finetune.arguments import parse_arguments
+    from posformers.finetune.demo import DEMO_DATA
+    from posformers.finetune.run_qa import ModelArguments, QADataArguments, RunArguments
+
+    page = DOCS / "qa.md"
+    first = page.read_text(encoding="utf-8").split("\n## ")[1]
+    assert first.startswith("First steps"), "the first section of qa.md is not the demo and the pipeline"
+    assert 'pipeline("question-answering")' in first and '"extractive-question-answering"' in first
+    (command,) = re.findall(r"```bash\n(.*?)```", first, re.S)
+    setting, run = command.replace("\\\n", " ").strip().splitlines()
+    assert setting == 'DEMO=$(python -c "from posformers.finetune.demo import DEMO_DATA; print(DEMO_DATA)")'
+    words = shlex.split(run.replace("$DEMO", str(DEMO_DATA)))
+    assert words[0] == "posformers-qa"
+    named = [Path(word) for word in words if word.startswith(str(DEMO_DATA))]
+    assert len(named) == 4 and all(path.exists() for path in named), named  # installed with the package
+    model_args, data_args, _, training_args = parse_arguments(
+        (ModelArguments, QADataArguments, RunArguments, transformers.TrainingArguments), words[1:]
+    )
+    assert (training_args.output_dir, Path(data_args.train_file)) == ("out/qa-demo", DEMO_DATA / "qa" / "train.json")
+
+    # The pipeline block on a folder as the command writes it (untrained here: the block's code is what is tested).
+    config = LittleBirdConfig.from_pretrained(model_args.config_name)
+    torch.manual_seed(0)
+    LittleBirdForQuestionAnswering(config).save_pretrained(tmp_path / training_args.output_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_args.tokenizer_name)
+    tokenizer.save_pretrained(tmp_path / training_args.output_dir)
+    ((number, code, _),) = [block for block in python_blocks(page) if "extractive-question-answering" in block[1]]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, f"{page_id(page)}, block at line {number}", "exec"), {"__name__": "__main__"})
+    answer = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])  # the dict the block prints
+    assert set(answer) == {"score", "start", "end", "answer"} and answer["answer"]
+
+
+def test_deploying_runs_the_folder_it_exported():
+    """docs/deploying.md exports a model folder and then compares the exported graph with that same folder."""
+    page = (DOCS / "deploying.md").read_text(encoding="utf-8")
+    (exported,) = re.findall(r"^posformers-export onnx (\S+) ", page, re.M)
+    blocks = [code for _, code, _ in python_blocks(DOCS / "deploying.md")]
+    compared = {folder for code in blocks for folder in re.findall(r'from_pretrained\("([^"]+)"\)', code)}
+    assert compared == {exported}, (exported, compared)
+
+
+def test_glue_page_documents_custom_data_and_names_real_options():
+    """docs/glue.md says how custom files become a task (text columns, regression labels, from a classifier, the
+    predictions file), and every option it names is one posformers-glue takes."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from posformers.finetune.arguments import ModelArguments, RunArguments
+    from posformers.finetune.run_glue import DataTrainingArguments
+
+    page = (DOCS / "glue.md").read_text(encoding="utf-8")
+    custom = page.split("- **Your own data**", 1)[1].split("\n- **", 1)[0]
+    for told in ("--text_columns", "train a regression", "--ignore_mismatched_sizes", "predictions.tsv"):
+        assert told in custom, told
+    groups = (ModelArguments, DataTrainingArguments, RunArguments, TrainingArguments)
+    options = {f"--{field.name}" for group in groups for field in dataclasses.fields(group)}
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*", page))
+    assert named <= options, sorted(named - options)
+
+
+def test_roformer_page_tells_its_two_tokenizers_apart_and_how_they_decode():
+    """docs/roformer.md: which tokenizer a vocabulary gets (as posformers-convert decides), what it needs, and that
+    decoding spaces Chinese tokens apart, as a character-level tokenizer shows without rjieba."""
+    from helpers.data import DATA_DIR
+    from transformers import BertTokenizer
+
+    from posformers.conversion.roformer import is_word_level
+
+    page = (DOCS / "roformer.md").read_text(encoding="utf-8")
+    section = page.split("\n## Tokenizers\n", 1)[1].split("\n## ", 1)[0]
+    for told in ("rjieba", "RoFormerTokenizer", "BertTokenizer", "more than 100", "Decoding puts a space"):
+        assert told in section, told
+    words, characters = (
+        DATA_DIR / "vocab" / name / "vocab.txt" for name in ("roformer-chinese-base", "bert-base-chinese")
+    )
+    assert is_word_level(words.read_text(encoding="utf-8").split("\n"))
+    assert not is_word_level(characters.read_text(encoding="utf-8").split("\n"))
+    tokenizer = BertTokenizer(str(characters))
+    decoded = tokenizer.decode(tokenizer("今天天气非常好。")["input_ids"], skip_special_tokens=True)
+    assert f"`{decoded}` (character-level)" in section

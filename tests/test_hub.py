@@ -197,6 +197,48 @@ def test_model_card_is_valid_and_tells_how_to_load():
     assert "| hidden_size | `32` |" in card.text
 
 
+def test_card_usage_loads_model_and_tokenizer_without_posformers_and_without_a_prompt(tmp_path):
+    """The card's first block, run where posformers cannot be imported and stdin is closed: the model and its
+    tokenizer load, and transformers neither asks (a bare AutoTokenizer asks whether to run the model's code, which
+    config.json names, and hangs a notebook) nor warns about the model type."""
+    import re
+
+    folder = tmp_path / "model"
+    model = tiny_model("AutoModelForSequenceClassification")
+    model.save_pretrained(folder)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "tiny", "model"]) + "\n")
+    transformers.BertTokenizer(str(vocab)).save_pretrained(folder)
+    card = str(hub.model_card(model))
+    usage = re.search(r"```python\n(.*?)```", card, re.S).group(1).replace("path/to/model", str(folder))
+    result = run_python(
+        """
+        import io, logging
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity_warning()
+        said = io.StringIO()
+        transformers_logging.add_handler(logging.StreamHandler(said))
+        captured, real_stdout = io.StringIO(), sys.stdout
+        sys.stdout = captured  # input() writes its question here
+        exec(ARGS["usage"])
+        sys.stdout = real_stdout
+        print(json.dumps({
+            "posformers": POSFORMERS_FOUND, "model": type(model).__name__, "tokenizer": type(tokenizer).__name__,
+            "ids": tokenizer("a tiny model")["input_ids"], "printed": captured.getvalue() + said.getvalue(),
+        }))
+        """,
+        {"usage": usage},
+        env=python_env(tmp_path / "hf-home"),
+        cwd=tmp_path,
+        without_posformers=True,
+    )
+    assert not result["posformers"]
+    assert (result["model"], result["tokenizer"]) == ("RoFormerForSequenceClassification", "BertTokenizer")
+    assert result["ids"] == [2, 5, 6, 7, 3]
+    assert result["printed"] == "", result["printed"]
+
+
 def test_merge_card_metadata_keeps_values_and_text():
     metadata = hub.card_metadata(tiny_model("AutoModelForMaskedLM"))
     merged = hub.merge_card_metadata(PARTIAL_README, metadata)

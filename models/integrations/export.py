@@ -36,7 +36,9 @@ graph on real `texts` (`--texts FILE`): label agreement and largest score differ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -62,6 +64,23 @@ TOKENIZER_FILES = (
 )
 DEFAULT_OPSET = 18
 DEFAULT_ATOL = 1e-4
+# torch's ONNX exporter looks up torchvision's detection operators (nms, roi_align, ...) on every export and logs a
+# warning for each when torchvision is not installed; no text model uses them.
+_REGISTRATION_LOGGER = "torch.onnx._internal.exporter._registration"
+
+
+def _not_about_torchvision(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("torchvision is not installed")
+
+
+@contextlib.contextmanager
+def _without_torchvision_notes():
+    logger = logging.getLogger(_REGISTRATION_LOGGER)
+    logger.addFilter(_not_about_torchvision)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_not_about_torchvision)
 
 
 def _posformers_class(config: PretrainedConfig, source) -> type[PreTrainedModel]:
@@ -204,7 +223,7 @@ def to_onnx(
         )
         # Traced without autograd: the graph is for inference, and LittleBird's training kernel (a custom autograd
         # Function around torch's private fused CPU attention) does not export.
-        with torch.no_grad():
+        with torch.no_grad(), _without_torchvision_notes():
             torch.onnx.export(
                 _NamedOutputs(model, names, outputs).eval(),
                 tuple(inputs[name] for name in names),
@@ -292,7 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write model_int8.onnx: weight MatMuls dynamically quantized",
     )
     onnx.add_argument(
-        "--texts", type=Path, help="real texts to check the int8 graph on: one per line, or a .tsv's first column"
+        "--texts",
+        type=Path,
+        help="real texts to check the int8 graph on: one per line, or the first column of a .tsv or .csv (after its "
+        "header row)",
     )
     return parser
 

@@ -21,6 +21,8 @@ graph with the float32 one on real texts and writes the result to `int8_check.js
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
@@ -97,10 +99,20 @@ def quantize(folder: str | Path, to: str = "int8") -> Path:
 
 
 def read_texts(path: str | Path) -> list[str]:
-    """Texts from a file: one per line, or from a .tsv file (GLUE's layout) the first column after its header row."""
-    lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if Path(path).suffix == ".tsv":
+    """Texts from a file: one per line, or from a .tsv (GLUE's layout) or .csv file the first column after its header
+    row."""
+    content = Path(path).read_text(encoding="utf-8")
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":  # quoted fields may hold commas, quotes and line breaks
+        rows = list(csv.reader(io.StringIO(content)))[1:]
+        return _non_empty([row[0] for row in rows if row and row[0].strip()], path)
+    lines = [line for line in content.splitlines() if line.strip()]
+    if suffix == ".tsv":
         lines = [line.split("\t")[0] for line in lines[1:]]
+    return _non_empty(lines, path)
+
+
+def _non_empty(lines: list[str], path) -> list[str]:
     if not lines:
         raise ValueError(f"texts: {path} holds no text")
     return lines

@@ -5,6 +5,7 @@ import json
 import logging
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -259,13 +260,21 @@ def test_custom_csv_json_jsonl_tables(tmp_path):
     assert rows_of(tables["test"]) == [(("K.", "L."), None, 0)]
 
 
-def test_custom_tables_pick_text_columns_and_regression(tmp_path):
+def test_custom_tables_pick_text_columns_and_regression(tmp_path, caplog):
     (tmp_path / "train.tsv").write_text("label\treview\tsource\n0.5\tGood.\tweb\n2\tBad.\tweb\n")
-    tables = tables_of(train_file=str(tmp_path / "train.tsv"))
+    with caplog.at_level(logging.INFO, logger="posformers.finetune.glue_data"):
+        tables = tables_of(train_file=str(tmp_path / "train.tsv"))
     assert tables["train"].label_names is None  # non-integer numbers: regression
     assert rows_of(tables["train"]) == [(("Good.", "web"), 0.5, 0), (("Bad.", "web"), 2.0, 1)]
-    tables = tables_of(train_file=str(tmp_path / "train.tsv"), text_columns="review")
+    # a guess is said, with the way to choose
+    assert [(record.levelname, record.getMessage()) for record in caplog.records] == [
+        ("WARNING", f"{tmp_path / 'train.tsv'}: text column(s) guessed: review, source (--text_columns chooses others)")
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="posformers.finetune.glue_data"):
+        tables = tables_of(train_file=str(tmp_path / "train.tsv"), text_columns="review")
     assert rows_of(tables["train"])[0] == (("Good.",), 0.5, 0)
+    assert not caplog.records
 
 
 def test_hub_dataset_offline_says_so(tmp_path):
@@ -596,9 +605,12 @@ def test_push_to_hub_uploads_the_fine_tuned_model(tmp_path, glue_dir, hub_server
 
 def test_training_logs_show_throughput_and_time_left(tmp_path, glue_dir, capsys):
     data = ["--task_name", "sst2", "--train_file", str(glue_dir / "sst2" / "dev.tsv"), "--max_train_samples", "32"]
-    glue_main(
-        tmp_path, *data, "--do_train", "--max_steps", "4", "--logging_steps", "2", "--per_device_train_batch_size", "4"
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        training = ["--do_train", "--max_steps", "4", "--logging_steps", "2", "--per_device_train_batch_size", "4"]
+        glue_main(tmp_path, *data, *training)
+    # pinned memory only serves an accelerator: on a CPU it only drew torch's warning
+    assert not [str(warning.message) for warning in caught if "pin_memory" in str(warning.message)]
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{'loss'")]
     assert len(lines) == 2, lines
     for line in lines:

@@ -17,9 +17,12 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer
 from posformers import modeling_deberta
 from posformers.configuration_deberta import DebertaConfig
 from posformers.finetune import run_pretrain
+from posformers.finetune.errors import DataError
 from posformers.finetune.pretrain_data import (
     MaskingCollator,
+    PretrainDataArguments,
     fix_masks,
+    load_corpus,
     pack_batch,
     pack_corpus,
     train_tokenizer,
@@ -295,6 +298,24 @@ def test_bad_input_is_refused_with_a_clear_message(corpus, wordpiece, tmp_path, 
     table.write_text('{"sentence": "a fine film"}\n', encoding="utf-8")
     message = run_refused([*tiny, "--train_file", str(table), *train_args(tmp_path / "g", steps=1)])
     assert "table.jsonl" in message and "column 'text'" in message and "--text_column" in message
+
+
+def test_several_text_columns_make_one_document_per_row(tmp_path):
+    """--text_column question,sentence (as posformers-glue's --text_columns): each row's texts, joined by a space,
+    are one document; in memory and streamed alike."""
+    table = tmp_path / "qnli.csv"
+    rows = 'question,sentence,label\nWho wrote it?,"She did, in 1990.",0\n,Only a sentence.,1\n,,0\n'
+    table.write_text(rows, encoding="utf-8")
+    expected = ["Who wrote it? She did, in 1990.", "Only a sentence."]  # the row without text is dropped
+    for streaming in (False, True):
+        data_args = PretrainDataArguments(
+            train_file=[str(table)], validation_file=[str(table)], text_column="question, sentence", streaming=streaming
+        )
+        corpus = load_corpus(data_args, seed=0)
+        for split in ("train", "validation"):
+            assert [row for row in corpus[split]] == [{"text": text} for text in expected], (streaming, split)
+    with pytest.raises(DataError, match="answer"):
+        load_corpus(PretrainDataArguments(train_file=[str(table)], text_column="question,answer"), seed=0)
 
 
 def test_distill_from_the_command_line(corpus, wordpiece, tmp_path):

@@ -12,7 +12,7 @@ from conftest import QUIET
 from helpers.modeling import tiny_config
 from helpers.pretrain_corpus import SST2_TRAIN, TINY, eval_history
 from safetensors.torch import load_file
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
 from posformers.configuration_deberta import DebertaConfig
 from posformers.finetune import run_glue, run_pretrain
@@ -158,6 +158,16 @@ def test_rtd_trains_and_the_discriminator_fine_tunes(corpus, tmp_path):
     assert metrics["eval_mlm_loss"] < start["mlm_loss"] - 0.3 and metrics["eval_rtd_loss"] < start["rtd_loss"]
     assert metrics["eval_rtd_accuracy"] > 1 - metrics["eval_rtd_replaced_fraction"] - 0.02  # not below "all original"
     assert (output / "generator" / "config.json").is_file() and (output / DELTA_FILE).is_file()
+    # The trained tokenizer's length limit is the model's positions (TINY: 64), not the tokenizers library's 1e30.
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    assert tokenizer.model_max_length == 64
+    # generator/ is a fill-mask model with the run's tokenizer: a pipeline on it reads the vocabulary trained
+    fill = pipeline("fill-mask", model=str(output / "generator"))
+    assert fill.tokenizer.get_vocab() == tokenizer.get_vocab()
+    predictions = fill(f"the film is {fill.tokenizer.mask_token} .", top_k=3)
+    assert {tokenizer.convert_ids_to_tokens(prediction["token"]) for prediction in predictions} <= set(
+        tokenizer.get_vocab()
+    )
 
     glue = tmp_path / "glue"
     glue_metrics = run_glue.main(

@@ -91,6 +91,11 @@ def test_every_script_writes_curves_and_a_card_with_a_model_index(script, tmp_pa
     assert f"| evaluation | {metric_names[0]} | {results[f'eval_{metric_names[0]}']:.4f} |" in body
     assert "![loss and evaluation metrics against the step](training_curves.png)" in body
     assert metadata["library_name"] == "transformers" and "generated_from_trainer" in metadata["tags"]
+    # Trainer's "Training results": a row per evaluation (steps 2 and 4). transformers reads the first log entry
+    # holding train_runtime as the end of training, so only the final summary may hold it.
+    results_table = body.split("### Training results", 1)[1].split("###", 1)[0]
+    steps = [row.split("|")[3].strip() for row in results_table.strip().splitlines()[2:]]
+    assert steps == ["2", "4"], results_table
 
 
 def test_curves_pick_the_quality_metrics(tmp_path):

@@ -1,9 +1,14 @@
 """Several processes: posformers-glue and posformers-pretrain under `torchrun --nproc_per_node 2` on CPU (gloo), as
-DDP and as FSDP (Trainer's --fsdp, FSDP2 `fully_shard`, finetune/distributed.py), and a process that dies or hangs.
+DDP and as FSDP (Trainer's --fsdp, FSDP2 `fully_shard`, finetune/distributed.py), posformers-mc, -ner and -qa on two
+"nodes" of one process each (`--nnodes 2 --node_rank 0/1`, rendezvous on 127.0.0.1), and a process that dies or
+hangs. The launches take the launcher's defaults on a machine without a GPU: no --use_cpu, no --ddp_backend.
 
 - DDP: the two processes train on different examples, the saved model is the one they ended training with, its
   metrics are those process 0 reported, and --push_to_hub runs on every process (Trainer saves there first, a
   collective under FSDP) and uploads the saved model.
+- Every script reports the losses and metrics of one process that trains on both processes' batches as one (the
+  same data, seed and steps; glue and pretrain also end with its weights), and only node 0's process 0 writes the
+  output folder.
 - FSDP trains, checkpoints, resumes and pushes to the Hub (a local fake one), and ends with the weights of the same
   run under DDP; its checkpoints are FSDP's (pytorch_model_fsdp.bin: the run sharded, it did not fall back to DDP)
   and load as the model's own remote code in a Python without posformers.
@@ -15,8 +20,9 @@ its Trainer: each process writes the example ids (`idx`) of each training batch 
 <folder>/rank<R>-final.json (global step and a SHA-256 of the weights) when training ends, and <folder>/rank<R>-push
 when it enters Trainer.push_to_hub.
 
-Each torchrun launch costs 10-20 s here: the runs are shared by module-scoped fixtures, and every wait is bounded
-(a launch that outlives its limit is killed with its whole process group); they are marked slow.
+Each torchrun launch costs 10-20 s here: the runs are shared by module-scoped fixtures (the two nodes run three
+scripts in turn, tests/helpers/scripts_in_turn.py), and every wait is bounded (a launch that outlives its limit is
+killed with its whole process group); they are marked slow.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,8 +41,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import QUIET, TOKENIZER_DIR, tiny_model_args
-from helpers import dying_rank, python_env, sample_log
+from conftest import QUIET, TINY_ROFORMER, TOKENIZER_DIR, tiny_model_args
+from helpers import dying_rank, python_env, sample_log, scripts_in_turn
+from helpers.data import DATA_DIR
 from helpers.modeling import make_batch, tensor_outputs, tiny_config
 from helpers.pretrain_corpus import TINY, write_corpus
 from helpers.remote import check_remote_load
@@ -43,16 +51,24 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
 
 import posformers
-from posformers.finetune import run_glue
+from posformers.finetune import run_glue, run_mc, run_ner, run_pretrain, run_qa
 from posformers.finetune.distributed import shared_state_dict, unregister_embedding_aliases
 
 PROCESSES = 2
 EXAMPLES, PER_DEVICE_BATCH = 64, 4
 STEPS, SAVE_STEPS = EXAMPLES // (PER_DEVICE_BATCH * PROCESSES), 4  # one epoch
 FSDP = ["--fsdp", "--fsdp_config", json.dumps({"version": 2})]  # layers wrapped by the models' _no_split_modules
-TWO_LAYERS = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,max_position_embeddings=128"
+# No dropout: a distributed run draws other dropout masks than one process would, and runs are compared to one
+NO_DROPOUT = ",hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"
+TWO_LAYERS = (
+    "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,max_position_embeddings=128"
+    + NO_DROPOUT
+)
+# The launcher's defaults on a machine without a GPU, as a user types the command: no --use_cpu, no --ddp_backend.
+# Where there is a GPU the tests still run on the CPU (two processes cannot share one GPU under NCCL).
+ON_CPU = ["--use_cpu"] if torch.accelerator.is_available() else []
 COMMON = [
-    "--report_to", "none", "--disable_tqdm", "True", "--log_level", "error", "--ddp_backend", "gloo", "--use_cpu",
+    "--report_to", "none", "--disable_tqdm", "True", "--log_level", "error", *ON_CPU,
     "--learning_rate", "1e-3", "--save_strategy", "steps", "--save_steps", str(SAVE_STEPS),
 ]  # fmt: skip
 LAUNCH_LIMIT = 300  # seconds for one torchrun launch
@@ -111,6 +127,39 @@ def check_own_remote_code(folder: Path, files: list[str]) -> None:
     assert not [name for name in files if name.startswith("_fsdp")], files
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
     assert all(target.split(".")[0] in ("configuration_roformer", "modeling_roformer") for target in auto_map.values())
+
+
+def with_values(args: list[str], **values: str) -> list[str]:
+    """`args` with the word after each `--<name>` replaced by values[name]."""
+    args = list(args)
+    for name, value in values.items():
+        args[args.index(f"--{name}") + 1] = value
+    return args
+
+
+TIMING_KEYS = ("_runtime", "_per_second")
+
+
+def check_same_numbers(alone: dict, distributed: dict) -> None:
+    """What one process reported (`alone`) and what a distributed run reported: every metric but the speeds, floats
+    (losses, scores) within float tolerance."""
+    compared = sorted(key for key in alone if not key.endswith(TIMING_KEYS))
+    assert {"train_loss", "eval_loss"} <= set(compared), compared
+    for key in compared:
+        assert key in distributed, key
+        if isinstance(alone[key], float):
+            assert distributed[key] == pytest.approx(alone[key], rel=1e-5, abs=1e-7), key
+        else:
+            assert distributed[key] == alone[key], key
+
+
+def one_process(main, args: list[str], output_dir: Path, batch: int, eval_batch: int) -> dict:
+    """The run of `args` in this process, with the per-device batches of all processes as one batch."""
+    batches = {
+        "per_device_train_batch_size": str(batch * PROCESSES),
+        "per_device_eval_batch_size": str(eval_batch * PROCESSES),
+    }
+    return main([*with_values(args, **batches), "--save_strategy", "no", "--output_dir", str(output_dir)])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -229,6 +278,17 @@ def test_ddp_rank0_metrics_are_those_of_the_saved_model(glue_runs, tmp_path):
 
 
 @pytest.mark.slow
+def test_ddp_reports_the_numbers_of_one_process_with_both_batches(glue_runs, tmp_path):
+    """The launcher's defaults on a CPU: one run of two processes (not two runs of one), whose train loss, eval loss
+    and accuracy are those of one process with both batches, not the world size times the loss."""
+    check_completed(glue_runs["runs"]["ddp"])
+    out = glue_runs["work"] / "ddp"
+    alone = one_process(run_glue.main, glue_runs["args"], tmp_path / "alone", PER_DEVICE_BATCH, 8)
+    check_same_numbers(alone, json.loads((out / "all_results.json").read_text()))
+    assert max_difference(weights(tmp_path / "alone"), weights(out)) <= 1e-5
+
+
+@pytest.mark.slow
 def test_glue_fsdp_trains_and_checkpoints_sharded(glue_runs):
     work, runs = glue_runs["work"], glue_runs["runs"]
     check_completed(runs["fsdp"])
@@ -283,11 +343,11 @@ def pretrain_runs(tmp_path_factory, hub_server):
     work = tmp_path_factory.mktemp("fsdp-pretrain")
     corpus = write_corpus(work / "corpus", train_contexts=20, train_sentences=200, held_out=5)
     args = [
-        "--model_type", "posformers-roformer", "--config_overrides", TINY["posformers-roformer"],
+        "--model_type", "posformers-roformer", "--config_overrides", TINY["posformers-roformer"] + NO_DROPOUT,
         "--tokenizer_name", str(TOKENIZER_DIR), "--train_file", str(corpus["train"]),
-        "--validation_file", str(corpus["validation"]), "--max_seq_length", "32",
+        "--validation_file", str(corpus["validation"]), "--max_seq_length", "32", "--max_eval_samples", "32",
         "--do_train", "--do_eval", "--max_steps", str(PRETRAIN_STEPS), "--per_device_train_batch_size", "4",
-        *COMMON, "--save_steps", str(PRETRAIN_SAVE_STEPS),
+        "--per_device_eval_batch_size", "8", *COMMON, "--save_steps", str(PRETRAIN_SAVE_STEPS),
     ]  # fmt: skip
     env = python_env(work / "hf-home", endpoint=hub_server.url)
     checkpoint = work / "fsdp" / f"checkpoint-{PRETRAIN_SAVE_STEPS}"
@@ -300,7 +360,7 @@ def pretrain_runs(tmp_path_factory, hub_server):
     ]:  # fmt: skip
         result, _ = torchrun([*target, *args, "--output_dir", str(work / name), *extra], env=env, cwd=work)
         runs[name] = result
-    return {"work": work, "runs": runs}
+    return {"work": work, "runs": runs, "args": args}
 
 
 @pytest.mark.slow
@@ -317,6 +377,16 @@ def test_ddp_pushes_to_the_hub_from_every_process(pretrain_runs, hub_server):
     assert pushed == (work / "ddp" / "model.safetensors").read_bytes()
     saved = posformers.RoFormerForMaskedLM.from_pretrained(work / "ddp")
     assert sample_log.weights_digest(saved) == finals[0]["weights_sha256"]
+
+
+@pytest.mark.slow
+def test_pretrain_ddp_reports_the_numbers_of_one_process_with_both_batches(pretrain_runs, tmp_path):
+    """MLM: a token-level loss, divided by the masked tokens of both processes (Trainer's num_items_in_batch)."""
+    check_completed(pretrain_runs["runs"]["ddp"])
+    out = pretrain_runs["work"] / "ddp"
+    alone = one_process(run_pretrain.main, pretrain_runs["args"], tmp_path / "alone", 4, 8)
+    check_same_numbers(alone, json.loads((out / "all_results.json").read_text()))
+    assert max_difference(weights(tmp_path / "alone"), weights(out)) <= 1e-5
 
 
 @pytest.mark.slow
@@ -345,6 +415,119 @@ def test_pretrain_fsdp_weights_equal_ddp_and_resume(pretrain_runs):
     assert max_difference(weights(work / "fsdp"), first) > 1e-4
     fsdp, resumed = (json.loads((work / run / "eval_results.json").read_text()) for run in ("fsdp", "resumed"))
     assert resumed["eval_loss"] == pytest.approx(fsdp["eval_loss"], abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Two nodes of one process each (one machine, rendezvous on 127.0.0.1): posformers-mc, -ner and -qa in turn
+# ---------------------------------------------------------------------------------------------------------------------
+
+CSQA = DATA_DIR / "mc" / "commonsenseqa"
+CONLL = DATA_DIR / "ner" / "conll2003"
+SQUAD = DATA_DIR / "qa" / "squad_v1.1" / "dev-v1.1.json"
+NODE_STEPS, NODE_BATCH, NODE_EVAL_BATCH = 4, 4, 8
+# RoFormer's multiple-choice head classifies each choice's last position by default, as transformers' RoFormer does:
+# in a padded batch a padding token, whose state depends on how far the batch is padded. "first" scores each choice
+# by its own tokens, so that batches padded differently (one process with both batches) give the same scores.
+NODE_MODEL = tiny_model_args(overrides=TINY_ROFORMER + NO_DROPOUT + ",summary_type=first")
+NODE_TRAINING = [
+    *QUIET, *ON_CPU, "--do_train", "--do_eval", "--max_steps", str(NODE_STEPS), "--learning_rate", "5e-3",
+    "--per_device_train_batch_size", str(NODE_BATCH), "--per_device_eval_batch_size", str(NODE_EVAL_BATCH),
+]  # fmt: skip
+NODE_SCRIPTS = {
+    "run_mc": (run_mc.main, [
+        "--train_file", str(CSQA / "train_rand_split.jsonl"), "--validation_file", str(CSQA / "dev_rand_split.jsonl"),
+        "--max_train_samples", "32", "--max_eval_samples", "32", "--max_seq_length", "48",
+    ]),
+    "run_ner": (run_ner.main, [
+        "--train_file", str(CONLL / "train.txt"), "--validation_file", str(CONLL / "valid.txt"),
+        "--max_train_samples", "32", "--max_eval_samples", "32",
+    ]),
+    "run_qa": (run_qa.main, [  # 16 questions, 32 windows: one epoch of 4 steps
+        "--train_file", str(SQUAD), "--validation_file", str(SQUAD), "--max_train_samples", "16",
+        "--max_eval_samples", "16", "--max_seq_length", "128", "--doc_stride", "32",
+    ]),
+}  # fmt: skip
+
+
+def node_args(script: str) -> list[str]:
+    return [*NODE_MODEL, *NODE_SCRIPTS[script][1], *NODE_TRAINING]
+
+
+def two_nodes(target: list[str], *, env: dict[str, str], work: Path, timeout: float = LAUNCH_LIMIT) -> dict:
+    """`torchrun --nnodes 2 --nproc_per_node 1 --node_rank R --master_addr 127.0.0.1 --master_port <free port>
+    <target>`, one launcher per node, each in its own folder work/node<R> (its output in node<R>.out / .err beside
+    it); both are killed with their workers if they outlive `timeout`. Returns {R: CompletedProcess}."""
+    launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
+    env = {key: value for key, value in env.items() if not key.startswith(launcher)}
+    env.update(OMP_NUM_THREADS="1")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launches = {}
+    for rank in range(PROCESSES):
+        folder = work / f"node{rank}"
+        folder.mkdir()
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", str(PROCESSES), "--nproc_per_node", "1",
+            "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", str(port), *target,
+        ]  # fmt: skip
+        # files, not pipes: a launcher waited on second must not block on a full pipe meanwhile
+        with open(work / f"node{rank}.out", "w") as stdout, open(work / f"node{rank}.err", "w") as stderr:
+            launches[rank] = subprocess.Popen(
+                command, env=env, cwd=folder, stdout=stdout, stderr=stderr, text=True, start_new_session=True
+            )
+    deadline = time.monotonic() + timeout
+    results = {}
+    try:
+        for rank, process in launches.items():
+            process.wait(timeout=max(deadline - time.monotonic(), 1))
+            out, err = ((work / f"node{rank}{suffix}").read_text() for suffix in (".out", ".err"))
+            results[rank] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a node's torchrun ran past {timeout} s (killed)\n{(work / 'node0.err').read_text()[-8000:]}")
+    finally:
+        for process in launches.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    return results
+
+
+@pytest.fixture(scope="module")
+def node_runs(tmp_path_factory):
+    """The same command on both nodes, with a relative --output_dir per script: each node would write into its own
+    folder, so anything node 1 writes shows there."""
+    work = tmp_path_factory.mktemp("two-nodes")
+    plan = work / "plan.json"
+    plan.write_text(json.dumps([[script, [*node_args(script), "--output_dir", script]] for script in NODE_SCRIPTS]))
+    runs = two_nodes([scripts_in_turn.__file__, str(plan)], env=python_env(work / "hf-home"), work=work)
+    return {"work": work, "runs": runs}
+
+
+@pytest.mark.slow
+def test_two_nodes_train_as_one_run_that_node_0_writes(node_runs):
+    for result in node_runs["runs"].values():
+        check_completed(result)
+    node0, node1 = (node_runs["work"] / f"node{rank}" for rank in range(PROCESSES))
+    assert not list(node1.rglob("*")), sorted(str(path.relative_to(node1)) for path in node1.rglob("*"))
+    for script in NODE_SCRIPTS:
+        assert (node0 / script / "model.safetensors").is_file(), script
+        assert json.loads((node0 / script / "trainer_state.json").read_text())["global_step"] == NODE_STEPS
+    # the metric tables are printed once, by process 0 (Trainer's own log lines by each node's first process)
+    assert "***** eval metrics *****" not in node_runs["runs"][1].stdout
+    assert node_runs["runs"][0].stdout.count("***** eval metrics *****") == len(NODE_SCRIPTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", list(NODE_SCRIPTS))
+def test_two_nodes_report_the_numbers_of_one_process_with_both_batches(node_runs, script, tmp_path):
+    for result in node_runs["runs"].values():
+        check_completed(result)
+    out = node_runs["work"] / "node0" / script
+    alone = one_process(NODE_SCRIPTS[script][0], node_args(script), tmp_path / "alone", NODE_BATCH, NODE_EVAL_BATCH)
+    # The eval loss is that of the trained weights. The weights themselves are not compared: a softmax over choices
+    # or positions leaves the biases added to all of them without a gradient, and Adam turns the rounding noise
+    # there into steps of the learning rate's size, one way or the other.
+    check_same_numbers(alone, json.loads((out / "all_results.json").read_text()))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -86,7 +86,10 @@ def run_python(
     if without_posformers:
         preamble = _NO_POSFORMERS + preamble
     command = [sys.executable, "-I", "-c", preamble + textwrap.dedent(code), json.dumps(args)]
-    result = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    # stdin closed: a question on stdin (transformers' trust_remote_code prompt) fails at once instead of waiting
+    result = subprocess.run(
+        command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+    )
     if result.returncode != 0:
         raise AssertionError(
             f"child Python failed with exit code {result.returncode}\n"

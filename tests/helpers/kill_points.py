@@ -4,6 +4,8 @@ its kill point and the next resumes, as a user rerunning the command after a cra
     python tests/helpers/kill_points.py <plan.json>      # prints a JSON list: one report per run
     torchrun --nproc_per_node 2 tests/helpers/kill_points.py --sigterm <rank> <step> <script> <its arguments>
                                                          # SIGTERM to one process only, while step <step> runs
+    python tests/helpers/kill_points.py --signal INT <step> <script> <its arguments>
+                                                         # SIGINT (as Ctrl-C) or TERM while step <step> runs
 
 The plan (see main) names the script, its arguments, two output folders, a seed and a number of kill points. The
 script runs once uninterrupted; kill points are drawn (seeded) from what that run did: SIGKILL at the end of a step,
@@ -91,8 +93,9 @@ def instrument(kill: dict | None, writes: list, report_path: Path | None = None)
 
     class KillPoint(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            if kill and kill["signal"] == "TERM" and kill["step"] == state.global_step + 1:
-                os.kill(os.getpid(), signal.SIGTERM)  # arrives while the step runs; the script's handler takes it
+            if kill and kill["signal"] in ("TERM", "INT") and kill["step"] == state.global_step + 1:
+                # arrives while the step runs; the script's handler takes it
+                os.kill(os.getpid(), getattr(signal, f"SIG{kill['signal']}"))
 
         def on_step_end(self, args, state, control, **kwargs):
             current.update(step=state.global_step, writes=0)
@@ -219,7 +222,18 @@ def sigterm_one_process(rank: int, step: int, script: str, argv: list[str]) -> N
     run_then_exit(module, argv, {"signal": "TERM", "step": step} if int(os.environ["RANK"]) == rank else None)
 
 
+def signal_during_step(name: str, step: int, script: str, argv: list[str]) -> None:
+    """One run of the script, with SIG`name` (TERM or INT) to itself while step `step` runs; never returns."""
+    module = importlib.import_module(f"posformers.finetune.{script}")
+    import torch
+
+    torch.set_num_threads(1)
+    run_then_exit(module, argv, {"signal": name, "step": step})
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--sigterm":  # kill_points.py --sigterm <rank> <step> <script> <its arguments>, under torchrun
         sigterm_one_process(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:])
+    if sys.argv[1] == "--signal":  # kill_points.py --signal <TERM|INT> <step> <script> <its arguments>
+        signal_during_step(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:])
     main(sys.argv[1])

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from posformers import DebertaConfig, LittleBirdConfig
 from posformers.configuration_common import UNPAD_MODES
+from posformers.configuration_deberta import parse_pos_att_type
 
 from .registry import REGISTRY
 
@@ -205,6 +206,8 @@ def deberta_fields(draw, head: str = "AutoModel") -> dict:
         pooler_dropout=draw(st.sampled_from([0, 0.2])),
         cls_dropout=draw(st.sampled_from([None, 0.0, 0.3])),
     )
+    if not (relative and parse_pos_att_type(fields["pos_att_type"])):
+        fields["position_biased_input"] = True  # a DeBERTa without any position information is refused
     if draw(st.booleans()):
         fields["attention_head_size"] = head_dim
     fields["pad_token_id"] = draw(st.none() | st.integers(0, fields["vocab_size"] - 1))

@@ -287,6 +287,17 @@ def test_a_config_posformers_cannot_honour_stays_transformers(tmp_path, enabled,
     )
 
 
+def test_a_deberta_without_position_information_stays_transformers(tmp_path, enabled, caplog):
+    """posformers refuses a DeBERTa that cannot see word order; transformers builds it, so its class stays."""
+    theirs = reference("v3", "Model", relative_attention=False)
+    with caplog.at_level(logging.WARNING, logger="posformers.dropin"):
+        model = AutoModel.from_pretrained(saved(theirs, tmp_path))
+    assert type(model) is transformers.DebertaV2Model
+    (warning,) = [record.getMessage() for record in caplog.records if record.name == "posformers.dropin"]
+    assert warning.startswith("posformers: DebertaV2Model stays transformers' class: ")
+    assert "position_biased_input and relative_attention are both false" in warning
+
+
 @pytest.mark.parametrize("family", ["v1", "v3"])
 def test_deberta_mlm_keeps_transformers_head_over_posformers_encoder(family, tmp_path, enabled):
     """transformers' default DeBERTa MLM head (legacy, cls.predictions.*): transformers' class, posformers' encoder,

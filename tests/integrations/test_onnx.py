@@ -4,6 +4,8 @@ it (padding-free by default)."""
 
 from __future__ import annotations
 
+import logging
+
 import onnxruntime
 import pytest
 import torch
@@ -134,6 +136,21 @@ def test_cli_refuses_what_it_cannot_export(tmp_path, capsys):
         export.to_onnx(
             build("roformer", "RoFormerModel", rope_parameters={"rope_type": "dynamic", "factor": 2.0}), tmp_path
         )
+
+
+def test_export_says_nothing_about_torchvision(tmp_path):
+    """torch's exporter warns, on every export, that torchvision is not installed, once per detection operator
+    (nms, roi_align, ...); a text model uses none of them, so the export drops those lines."""
+    records = []
+    recorder = logging.Handler()
+    recorder.emit = records.append
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    registration.addHandler(recorder)
+    try:
+        export.to_onnx(build("roformer", "RoFormerModel", num_hidden_layers=1), tmp_path, verify=False)
+    finally:
+        registration.removeHandler(recorder)
+    assert not [record.getMessage() for record in records if "torchvision" in record.getMessage()]
 
 
 def test_export_check_catches_a_wrong_graph(tmp_path):

@@ -126,6 +126,19 @@ def test_optimize_rewrites_the_graph_and_keeps_its_outputs(tmp_path):
     assert export.max_difference(model, onnx_file, export.example_inputs(model, 30, batch=3)) <= TOLERANCE
 
 
+def test_texts_files_leave_out_a_header_row(tmp_path):
+    """--texts: a .csv (quoted fields may hold commas) or .tsv file's first column after its header; else every line."""
+    (tmp_path / "texts.csv").write_text('sentence,label\n"a gripping, funny film",1\ndull,0\n', encoding="utf-8")
+    assert onnx_runtime.read_texts(tmp_path / "texts.csv") == ["a gripping, funny film", "dull"]
+    (tmp_path / "texts.tsv").write_text("sentence\tlabel\na gripping, funny film\t1\n", encoding="utf-8")
+    assert onnx_runtime.read_texts(tmp_path / "texts.tsv") == ["a gripping, funny film"]
+    (tmp_path / "texts.txt").write_text("a gripping, funny film\n\ndull\n", encoding="utf-8")
+    assert onnx_runtime.read_texts(tmp_path / "texts.txt") == ["a gripping, funny film", "dull"]
+    (tmp_path / "header.csv").write_text("sentence,label\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="holds no text"):
+        onnx_runtime.read_texts(tmp_path / "header.csv")
+
+
 def test_bad_input_stops_with_one_line(tmp_path, capsys):
     (tmp_path / "model.safetensors").write_bytes(b"not a graph")
     with pytest.raises(ValueError, match=r"^folder: .* holds no model\.onnx \(not a posformers-export onnx folder\)$"):

@@ -931,6 +931,22 @@ def test_flex_attention_is_refused_with_a_pointer_to_the_fused_kernel():
     assert model.config._attn_implementation == "sdpa"
 
 
+@pytest.mark.parametrize("kernel", ["flash_attention_2", "flash_attention_3"])
+def test_flash_attention_is_refused_in_one_line_of_posformers(tmp_path, kernel):
+    """FlashAttention cannot add the disentangled scores: one line saying so, not transformers' request to add
+    support on a Hub page made from the folder's path (https://huggingface.co//tmp/...)."""
+    DebertaModel(tiny_config(DebertaConfig)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as refused:
+        DebertaModel.from_pretrained(tmp_path, attn_implementation=kernel)
+    assert str(refused.value) == (
+        f"attn_implementation='{kernel}': FlashAttention takes no position scores, which DebertaModel's attention "
+        "adds to every score; leave attn_implementation unset or use 'posformers_fused', the model's own "
+        "FlexAttention kernel"
+    )
+    with pytest.raises(ValueError, match="FlashAttention takes no position scores"):
+        DebertaModel(tiny_config(DebertaConfig, attn_implementation=kernel))
+
+
 def test_masked_lm_returns_hidden_states_asked_for_by_the_config(tmp_path):
     """output_hidden_states from the config (as `from_pretrained(..., output_hidden_states=True)` sets it) reaches
     DebertaForMaskedLM's output, as it does the other heads'."""
@@ -1079,6 +1095,26 @@ def test_config_validation(overrides, message):
         tiny_config(DebertaConfig, **overrides)
 
 
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"relative_attention": False}, "position_biased_input and relative_attention are both false"),
+        ({"relative_attention": True, "pos_att_type": "none"}, "pos_att_type names no relative position term"),
+    ],
+)
+def test_a_deberta_without_any_position_information_is_refused(tmp_path, fields, named):
+    """Neither absolute positions at the input nor a relative position term: the encoder could not tell word order
+    (reversed input, reversed outputs), so the config is refused on creation and in a config.json, in one line."""
+    with pytest.raises(ValueError, match=named) as refused:
+        tiny_config(DebertaConfig, position_biased_input=False, **fields)
+    assert "\n" not in str(refused.value) and "position_biased_input" in str(refused.value)
+    (tmp_path / "config.json").write_text(json.dumps({**OFFICIAL_V3_CONFIG, **fields}))
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'config.json'}: .*{named}"):
+        DebertaConfig.from_pretrained(tmp_path)
+    # either source of positions alone is a valid DeBERTa
+    tiny_config(DebertaConfig, position_biased_input=True, **fields)
+
+
 def test_what_the_official_code_ignores_is_accepted(tmp_path):
     """bert_base.json (microsoft/DeBERTa experiments): position_buckets without relative attention is ignored, as
     the official code ignores it, with a logged note; pos_att_type "none" names no position term."""
@@ -1091,13 +1127,24 @@ def test_what_the_official_code_ignores_is_accepted(tmp_path):
     logging.disable(logging.NOTSET)
     try:
         with CaptureLogger(logger) as captured:
-            config = tiny_config(DebertaConfig, relative_attention=False, position_buckets=256, pos_att_type="none")
+            config = tiny_config(
+                DebertaConfig,
+                relative_attention=False,
+                position_biased_input=True,
+                position_buckets=256,
+                pos_att_type="none",
+            )
+        # a note about a value the user never set tells nothing: the default buckets follow relative_attention
+        with CaptureLogger(logger) as unset:
+            absolute = tiny_config(DebertaConfig, relative_attention=False, position_biased_input=True)
     finally:
         logger.setLevel(saved[0])
         logger.disabled = saved[1]
         logging.disable(saved[2])
     assert (config.position_buckets, config.pos_att_type) == (-1, [])
     assert "position_buckets=256 is ignored" in captured.out
+    assert (absolute.position_buckets, unset.out) == (-1, "")
+    assert DebertaConfig().position_buckets == 256  # deberta-v3-base's, with relative attention
     assert DebertaModel(config).encoder.layer[0].attention.self.scaling == config.head_dim**-0.5
     # a config.json carrying the repository's `pooling` section: transformers ignores it, the official model ran it
     fields = {**OFFICIAL_V3_CONFIG, "pooling": {"dropout": 0.1, "hidden_act": "tanh"}}

@@ -188,6 +188,17 @@ def test_block_mask_attends_the_keys_of_the_layout(block_size, seq_len, min_tile
         assert not tiles.all()  # the tile lists skip something
 
 
+def test_flash_attention_is_refused_in_one_line_of_posformers(tmp_path):
+    """FlashAttention cannot add BiALiBi or run USWAttn: one line saying so, not transformers' request to add support
+    on a Hub page made from the folder's path (https://huggingface.co//tmp/...)."""
+    LittleBirdModel(config()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as refused:
+        LittleBirdModel.from_pretrained(tmp_path, attn_implementation="flash_attention_2")
+    message = str(refused.value)
+    assert message.startswith("attn_implementation='flash_attention_2': FlashAttention takes no position scores")
+    assert "'posformers_fused'" in message and "huggingface.co" not in message and "\n" not in message
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_default_and_fallbacks(device, caplog):
     """The default is the block-sparse products ("eager") on every device, CUDA included: the fused kernel is one
