@@ -27,6 +27,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`: one pytest process per
 LONGEST_FIRST = (
     "tests/integrations/test_onnx.py",
     "tests/finetune/test_torchrun.py",
+    "tests/test_benchmarks_clients.py",
+    "tests/integrations/test_dropin_clients.py",
     "tests/finetune/test_kill_resume.py",
     "tests/finetune/test_qa.py",
     "tests/finetune/test_littlebird_recipe.py",
@@ -37,6 +39,8 @@ LONGEST_FIRST = (
     "tests/models/test_half_precision_training.py",
     "tests/test_packaging.py",
     "tests/integrations/test_onnx_deploy.py",
+    "tests/integrations/test_dropin.py",
+    "tests/integrations/test_dropin_gliner2.py",
 )
 
 
