@@ -7,6 +7,8 @@ checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
     # -> None or the checkpoint folder to resume from; raises OutputDirError for a folder that holds a
     #    previous run's checkpoints/results when neither --overwrite_output_dir nor --resume_from_checkpoint
     #    is given. `--resume_from_checkpoint True` means "the newest complete checkpoint-N in output_dir".
+
+SplitDataArguments are the data options posformers-ner and posformers-mc share (files or a dataset; `read`, `limit`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import logging
 import re
 import sys
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -35,7 +37,7 @@ from posformers.integrations.hub import DEFAULT_LICENSE
 
 from .checkpoints import PREEMPTED_EXIT_STATUS, checkpoint_problems, last_complete_checkpoint
 from .distributed import check_processes_train_together, train_together_on_cpu
-from .errors import ArgumentError, OutputDirError
+from .errors import ArgumentError, DataError, OutputDirError
 from .padding_free import PADDING_FREE_CHOICES, check_padding_free
 from .text_files import check_encoding
 
@@ -212,6 +214,58 @@ class RunArguments:
             raise ArgumentError(f"--lora_alpha must be positive, got {self.lora_alpha}")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ArgumentError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+
+
+@dataclasses.dataclass
+class SplitDataArguments:
+    """The data of posformers-ner and posformers-mc: files or a dataset, and how much of it (names as in transformers'
+    run_ner and run_swag)."""
+
+    dataset_name: str | None = dataclasses.field(
+        default=None, metadata={"help": "A Hub dataset (conll2003, swag, commonsense_qa, ...) or a local folder."}
+    )
+    dataset_config_name: str | None = dataclasses.field(default=None, metadata={"help": "Its configuration."})
+    train_file: str | None = dataclasses.field(
+        default=None, metadata={"help": "NER: a CoNLL file or .json/.jsonl; multiple choice: a SWAG .csv or .jsonl."}
+    )
+    validation_file: str | None = dataclasses.field(default=None, metadata={"help": "Same, for evaluation."})
+    test_file: str | None = dataclasses.field(default=None, metadata={"help": "Same, for predictions."})
+    max_seq_length: int | None = dataclasses.field(
+        default=None,
+        metadata={"help": "Tokens per input, longer ones are cut (default: 4096 for LittleBird, else 512)."},
+    )
+    pad_to_max_length: bool = dataclasses.field(
+        default=False, metadata={"help": "Pad every input to max_seq_length (default: pad each batch to its longest)."}
+    )
+    max_train_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N examples."})
+    max_eval_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N examples."})
+    max_predict_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N examples."})
+
+    def files(self) -> dict[str, str]:
+        """{split: file} of the files given."""
+        files = {"train": self.train_file, "validation": self.validation_file, "test": self.test_file}
+        return {split: name for split, name in files.items() if name}
+
+    def read(self, from_files: Callable, from_hub: Callable):
+        """from_files({split: file}) when files are given, else from_hub(dataset_name, dataset_config_name)."""
+        if files := self.files():
+            return from_files(files)
+        if self.dataset_name:
+            return from_hub(self.dataset_name, self.dataset_config_name)
+        raise DataError("no data: give --train_file / --validation_file / --test_file or --dataset_name")
+
+    def limit(self, splits: dict) -> dict:
+        """The first --max_train_samples / --max_eval_samples / --max_predict_samples examples of each split."""
+        counts = (self.max_train_samples, self.max_eval_samples, self.max_predict_samples)
+        for split, count in zip(("train", "validation", "test"), counts):
+            if split in splits and count is not None:
+                splits[split] = splits[split][:count]
+        return splits
+
+    def card_dataset(self) -> str | None:
+        """The model card's dataset: its name, or the data files' names."""
+        files = (self.train_file, self.validation_file, self.test_file)
+        return self.dataset_name or ", ".join(Path(name).name for name in files if name) or None
 
 
 def parse_arguments(dataclass_types: Iterable[type], argv: list[str] | None = None) -> tuple:

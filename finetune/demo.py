@@ -13,6 +13,7 @@ and why pretrained encoders do better, is stated once, in README.md, "The demo".
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 from pathlib import Path
 
@@ -44,6 +45,20 @@ def prepare_output_dir(path: Path) -> None:
     (path / MARKER).touch()
 
 
+def run_options(output_dir: Path, epochs: float, seed: int, logging_steps: int) -> list[str]:
+    """What both steps' command lines share: training and evaluation into the demo's own folder, no checkpoints."""
+    return [
+        "--do_train", "--do_eval",
+        "--output_dir", str(output_dir),
+        "--overwrite_output_dir",  # the folder is the demo's own (checked by prepare_output_dir)
+        "--num_train_epochs", str(epochs),
+        "--save_strategy", "no",
+        "--logging_steps", str(logging_steps),
+        "--report_to", "none",
+        "--seed", str(seed),
+    ]  # fmt: skip
+
+
 def glue_arguments(args, output_dir: Path) -> list[str]:
     """posformers-glue's command line for the SST-2 step (a new model: --model_type and --config_overrides)."""
     return [
@@ -54,21 +69,24 @@ def glue_arguments(args, output_dir: Path) -> list[str]:
         "--train_file", str(DEMO_DATA / "sst2" / "train.tsv"),
         "--validation_file", str(DEMO_DATA / "sst2" / "dev.tsv"),
         "--max_train_samples", str(args.train_samples),
-        "--do_train", "--do_eval",
-        "--output_dir", str(output_dir),
-        "--overwrite_output_dir",  # the folder is the demo's own (checked by prepare_output_dir)
-        "--num_train_epochs", str(args.epochs),
         "--per_device_train_batch_size", "32",
         "--per_device_eval_batch_size", "64",
         "--learning_rate", "1e-3",
         "--warmup_steps", "50",
         "--weight_decay", "0.01",
         "--max_seq_length", "64",
-        "--save_strategy", "no",
-        "--logging_steps", "50",
-        "--report_to", "none",
-        "--seed", str(args.seed),
+        *run_options(output_dir, args.epochs, args.seed, logging_steps=50),
     ]  # fmt: skip
+
+
+def run_step(title: str, script: str, argv: list[str]) -> tuple[dict, float]:
+    """Print the step's title and run posformers.finetune.<script>'s `main` on `argv`; its metrics and the seconds it
+    took."""
+    print(f"== {title} ==")
+    main = importlib.import_module(f"posformers.finetune.{script}").main
+    start = time.perf_counter()
+    results = main(argv)
+    return results, time.perf_counter() - start
 
 
 def classify(model_dir: Path) -> None:
@@ -83,15 +101,10 @@ def classify(model_dir: Path) -> None:
 
 
 def sst2_step(args, output_dir: Path) -> None:
-    from posformers.finetune import run_glue
-
-    print("== 1. SST-2: fine-tune a small RoFormer from scratch with posformers-glue ==")
-    start = time.perf_counter()
-    results = run_glue.main(glue_arguments(args, output_dir))
-    print(
-        f"SST-2 dev accuracy {results['eval_accuracy']:.3f} (majority class: 0.509) after "
-        f"{time.perf_counter() - start:.0f}s; saved to {output_dir}"
-    )
+    title = "1. SST-2: fine-tune a small RoFormer from scratch with posformers-glue"
+    results, seconds = run_step(title, "run_glue", glue_arguments(args, output_dir))
+    accuracy = results["eval_accuracy"]
+    print(f"SST-2 dev accuracy {accuracy:.3f} (majority class: 0.509) after {seconds:.0f}s; saved to {output_dir}")
     classify(output_dir)
 
 
@@ -106,30 +119,21 @@ def qa_arguments(args, output_dir: Path) -> list[str]:
         "--tokenizer_name", str(DEMO_DATA / "tokenizer"),
         "--train_file", str(DEMO_DATA / "qa" / "train.json"),
         "--validation_file", str(DEMO_DATA / "qa" / "train.json"),
-        "--do_train", "--do_eval",
-        "--output_dir", str(output_dir),
-        "--overwrite_output_dir",  # the folder is the demo's own (checked by prepare_output_dir)
-        "--num_train_epochs", str(args.qa_epochs),
         "--learning_rate", "5e-3",
         "--warmup_steps", "10",
         "--per_device_train_batch_size", "4",
         "--per_device_eval_batch_size", "8",
-        "--save_strategy", "no",
-        "--logging_steps", "20",
-        "--report_to", "none",
-        "--seed", str(args.qa_seed),
+        *run_options(output_dir, args.qa_epochs, args.qa_seed, logging_steps=20),
     ]  # fmt: skip
 
 
 def qa_step(args, output_dir: Path) -> None:
-    from posformers.finetune import run_qa
-
-    print("== 2. Long-document QA: a small LittleBird from scratch with posformers-qa ==")
-    start = time.perf_counter()
-    results = run_qa.main(qa_arguments(args, output_dir))
+    title = "2. Long-document QA: a small LittleBird from scratch with posformers-qa"
+    results, seconds = run_step(title, "run_qa", qa_arguments(args, output_dir))
+    exact_match, f1 = results["eval_exact_match"], results["eval_f1"]
     print(
-        f"QA on the questions it trained on: exact match {results['eval_exact_match']:.1f}, "
-        f"F1 {results['eval_f1']:.1f} after {time.perf_counter() - start:.0f}s; saved to {output_dir}"
+        f"QA on the questions it trained on: exact match {exact_match:.1f}, F1 {f1:.1f} after {seconds:.0f}s; saved "
+        f"to {output_dir}"
     )
 
 

@@ -1,4 +1,5 @@
 """Several processes (torchrun; gloo on CPU): the --ddp_timeout the user set, FSDP that shards, models that load.
+Every script's main (finetune/script.py) takes these steps:
 
     @exit_on_data_error
     @exit_on_lost_process             # a failed collective: one line, exit status 1; a clean end of the processes

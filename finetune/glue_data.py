@@ -64,12 +64,17 @@ class GlueTask:
     columns: tuple[str, ...]  # text column names in the Hub dataset
     label_names: tuple[str, ...] | None  # None: regression
     train_layout: TsvLayout  # train and dev files
-    test_layout: TsvLayout
     submission: str  # file stem of the GLUE submission (test predictions)
     matched_mismatched: bool = False
     # What the labels mean where the files write numbers (the class names of the Hub's nyu-mll/glue): the fine-tuned
     # model's id2label, so that a pipeline answers "positive" rather than "1". Files and submissions keep the numbers.
     class_names: tuple[str, ...] | None = None
+    test_text: tuple[int, ...] | None = None  # the test files' text columns, where not those of train_layout
+
+    @property
+    def test_layout(self) -> TsvLayout:
+        """Test files: the example index in column 0, a header, no label."""
+        return TsvLayout(text=self.test_text or self.train_layout.text, label=None, index=0)
 
     def split_files(self) -> dict[str, str]:
         """Split name -> official file name in a GLUE task folder."""
@@ -87,77 +92,38 @@ class GlueTask:
 BINARY = ("0", "1")
 NLI_BINARY = ("entailment", "not_entailment")
 PAIR_1_2 = TsvLayout(text=(1, 2), label=-1)
-PAIR_TEST_1_2 = TsvLayout(text=(1, 2), label=None, index=0)
 
 GLUE_TASKS = {
     task.name: task
     for task in (
         GlueTask(
-            "cola",
-            ("sentence",),
-            BINARY,
-            TsvLayout(text=(3,), label=1, header=False),
-            TsvLayout(text=(1,), label=None, index=0),
-            "CoLA",
-            class_names=("unacceptable", "acceptable"),
+            "cola", ("sentence",), BINARY, TsvLayout(text=(3,), label=1, header=False), "CoLA",
+            class_names=("unacceptable", "acceptable"), test_text=(1,),
         ),
         GlueTask(
-            "sst2",
-            ("sentence",),
-            BINARY,
-            TsvLayout(text=(0,), label=1),
-            TsvLayout((1,), None, index=0),
-            "SST-2",
-            class_names=("negative", "positive"),
+            "sst2", ("sentence",), BINARY, TsvLayout(text=(0,), label=1), "SST-2", class_names=("negative", "positive"),
+            test_text=(1,),
         ),
         GlueTask(
-            "mrpc",
-            ("sentence1", "sentence2"),
-            BINARY,
-            TsvLayout(text=(3, 4), label=0),
-            TsvLayout(text=(3, 4), label=None, index=0),
-            "MRPC",
+            "mrpc", ("sentence1", "sentence2"), BINARY, TsvLayout(text=(3, 4), label=0), "MRPC",
             class_names=("not_equivalent", "equivalent"),
         ),
         GlueTask(
-            "qqp",
-            ("question1", "question2"),
-            BINARY,
-            TsvLayout(text=(3, 4), label=5),
-            PAIR_TEST_1_2,
-            "QQP",
-            class_names=("not_duplicate", "duplicate"),
+            "qqp", ("question1", "question2"), BINARY, TsvLayout(text=(3, 4), label=5), "QQP",
+            class_names=("not_duplicate", "duplicate"), test_text=(1, 2),
         ),
+        GlueTask("stsb", ("sentence1", "sentence2"), None, TsvLayout(text=(7, 8), label=-1), "STS-B"),
         GlueTask(
-            "stsb",
-            ("sentence1", "sentence2"),
-            None,
-            TsvLayout(text=(7, 8), label=-1),
-            TsvLayout(text=(7, 8), label=None, index=0),
-            "STS-B",
+            "mnli", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"),
+            TsvLayout(text=(8, 9), label=-1), "MNLI", matched_mismatched=True,
         ),
+        GlueTask("qnli", ("question", "sentence"), NLI_BINARY, PAIR_1_2, "QNLI"),
+        GlueTask("rte", ("sentence1", "sentence2"), NLI_BINARY, PAIR_1_2, "RTE"),
         GlueTask(
-            "mnli",
-            ("premise", "hypothesis"),
-            ("entailment", "neutral", "contradiction"),
-            TsvLayout(text=(8, 9), label=-1),
-            TsvLayout(text=(8, 9), label=None, index=0),
-            "MNLI",
-            matched_mismatched=True,
-        ),
-        GlueTask("qnli", ("question", "sentence"), NLI_BINARY, PAIR_1_2, PAIR_TEST_1_2, "QNLI"),
-        GlueTask("rte", ("sentence1", "sentence2"), NLI_BINARY, PAIR_1_2, PAIR_TEST_1_2, "RTE"),
-        GlueTask(
-            "wnli",
-            ("sentence1", "sentence2"),
-            BINARY,
-            PAIR_1_2,
-            PAIR_TEST_1_2,
-            "WNLI",
-            class_names=("not_entailment", "entailment"),
+            "wnli", ("sentence1", "sentence2"), BINARY, PAIR_1_2, "WNLI", class_names=("not_entailment", "entailment")
         ),
     )
-}
+}  # fmt: skip
 
 # Text column names a custom table may use, in the order they are looked for.
 KNOWN_TEXT_COLUMNS = (

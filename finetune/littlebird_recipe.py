@@ -99,53 +99,36 @@ class RecipeSize:
     qa_learning_rate: float
 
 
+# Every size in each preset, side by side: (full, toy).
+PRESETS = ("full", "toy")
+PRESET_SIZES = {
+    "teacher": (
+        "hidden_size=128,num_hidden_layers=2,num_attention_heads=4,intermediate_size=512,max_position_embeddings=64",
+        "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,max_position_embeddings=64",
+    ),
+    "vocab_size": (4000, 800),
+    "sst2_sentences": (30000, 300),
+    "seq_length": (64, 64),
+    "batch_size": (16, 16),
+    "teacher_steps": (800, 8),
+    "teacher_learning_rate": (2e-3, 1e-3),
+    "block_size": (64, 16),
+    "pack_length": (16, 8),
+    "distill_steps": (100, 4),
+    "distill_learning_rate": (1e-3, 1e-3),
+    "padding_insertion_max_length": (256, 128),
+    "rss_seq_length": (256, 64),
+    "rss_steps": (100, 4),
+    "rss_learning_rate": (1e-3, 1e-3),
+    "qa_train_questions": (200, 8),
+    "qa_eval_questions": (None, 8),
+    "qa_epochs": (1.0, 1.0),
+    "qa_batch_size": (4, 4),
+    "qa_learning_rate": (2e-3, 1e-3),
+}
 RECIPE_SIZES = {
-    "full": RecipeSize(
-        teacher="hidden_size=128,num_hidden_layers=2,num_attention_heads=4,intermediate_size=512,"
-        "max_position_embeddings=64",
-        vocab_size=4000,
-        sst2_sentences=30000,
-        seq_length=64,
-        batch_size=16,
-        teacher_steps=800,
-        teacher_learning_rate=2e-3,
-        block_size=64,
-        pack_length=16,
-        distill_steps=100,
-        distill_learning_rate=1e-3,
-        padding_insertion_max_length=256,
-        rss_seq_length=256,
-        rss_steps=100,
-        rss_learning_rate=1e-3,
-        qa_train_questions=200,
-        qa_eval_questions=None,
-        qa_epochs=1.0,
-        qa_batch_size=4,
-        qa_learning_rate=2e-3,
-    ),
-    "toy": RecipeSize(
-        teacher="hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,"
-        "max_position_embeddings=64",
-        vocab_size=800,
-        sst2_sentences=300,
-        seq_length=64,
-        batch_size=16,
-        teacher_steps=8,
-        teacher_learning_rate=1e-3,
-        block_size=16,
-        pack_length=8,
-        distill_steps=4,
-        distill_learning_rate=1e-3,
-        padding_insertion_max_length=128,
-        rss_seq_length=64,
-        rss_steps=4,
-        rss_learning_rate=1e-3,
-        qa_train_questions=8,
-        qa_eval_questions=8,
-        qa_epochs=1.0,
-        qa_batch_size=4,
-        qa_learning_rate=1e-3,
-    ),
+    preset: RecipeSize(**{field: values[column] for field, values in PRESET_SIZES.items()})
+    for column, preset in enumerate(PRESETS)
 }
 
 
@@ -343,6 +326,16 @@ class Recipe:
             "--logging_steps", str(max(1, steps // 8)),
         ]  # fmt: skip
 
+    def train_from(self, source: str, objective: str, stage: str, *options: str) -> dict:
+        """posformers-pretrain --objective `objective` on stage `source`'s model with `options`, into stage `stage`'s
+        folder, evaluated before training (--eval_on_start) and after; its metrics."""
+        return run_pretrain.main(
+            [
+                "--objective", objective, "--model_name_or_path", str(self.folder(source)), *options,
+                *self.training(objective), "--do_eval", "--eval_on_start", *self.common(stage),
+            ]
+        )  # fmt: skip
+
     def held_out_mlm(self, model_dir: Path) -> dict:
         """The held-out MLM loss and accuracy of `model_dir` on the teacher's held-out text and masks (the results
         go into `model_dir`/mlm-eval)."""
@@ -379,14 +372,11 @@ class Recipe:
         return self.held_out_mlm(student)
 
     def distill(self) -> dict:
-        metrics = run_pretrain.main(
-            [
-                "--objective", "distill", "--model_name_or_path", str(self.folder("convert")),
-                "--teacher_name_or_path", str(self.folder("teacher")),
-                "--padding_insertion_max_length", str(self.size.padding_insertion_max_length),
-                *self.pretraining_data(), *self.training("distill"), "--do_eval", "--eval_on_start",
-                *self.common("distill"),
-            ]
+        metrics = self.train_from(
+            "convert", "distill", "distill",
+            "--teacher_name_or_path", str(self.folder("teacher")),
+            "--padding_insertion_max_length", str(self.size.padding_insertion_max_length),
+            *self.pretraining_data(),
         )  # fmt: skip
         return {
             "distill_loss_before": first_evaluation(self.folder("distill"), "eval_loss"),
@@ -396,17 +386,18 @@ class Recipe:
         }
 
     def rss(self) -> dict:
-        metrics = run_pretrain.main(
-            [
-                "--objective", "rss", "--model_name_or_path", str(self.folder("distill")),
-                "--train_file", str(self.text["rss_train"]), "--validation_file", str(self.text["rss_validation"]),
-                "--max_seq_length", str(self.size.rss_seq_length), "--rss_padding_insertion",
-                "--padding_insertion_max_length", str(self.size.padding_insertion_max_length),
-                *self.training("rss"), "--do_eval", "--eval_on_start", *self.common("rss"),
-            ]
+        metrics = self.train_from(
+            "distill", "rss", "rss",
+            "--train_file", str(self.text["rss_train"]), "--validation_file", str(self.text["rss_validation"]),
+            "--max_seq_length", str(self.size.rss_seq_length), "--rss_padding_insertion",
+            "--padding_insertion_max_length", str(self.size.padding_insertion_max_length),
         )  # fmt: skip
+        return self.span_selection_results("rss", metrics)
+
+    def span_selection_results(self, stage: str, metrics: dict) -> dict:
+        """An RSS stage's span-selection loss before and after training, and its exact match."""
         return {
-            "span_loss_before": first_evaluation(self.folder("rss"), "eval_loss"),
+            "span_loss_before": first_evaluation(self.folder(stage), "eval_loss"),
             "span_loss": metrics["eval_loss"],
             "exact_match": metrics["eval_exact_match"],
         }
@@ -419,21 +410,16 @@ class Recipe:
         for split, articles in (("train", train_articles), ("validation", held_out)):
             passages = question_first_passages(articles, tokenizer, self.question_first_length)
             files[split] = write_lines(self.data / f"question_first_{split}.txt", passages)
-        metrics = run_pretrain.main(
-            [
-                "--objective", "rss", "--model_name_or_path", str(self.folder("distill")),
-                "--config_overrides", f"global_prefix_length={global_prefix_length}",
-                "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
-                "--max_seq_length", str(self.question_first_length),
-                *self.training("rss"), "--do_eval", "--eval_on_start", *self.common(stage),
-            ]
+        metrics = self.train_from(
+            "distill", "rss", stage,
+            "--config_overrides", f"global_prefix_length={global_prefix_length}",
+            "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+            "--max_seq_length", str(self.question_first_length),
         )  # fmt: skip
         return {
             "global_prefix_length": global_prefix_length,
             "passage_length": self.question_first_length,
-            "span_loss_before": first_evaluation(self.folder(stage), "eval_loss"),
-            "span_loss": metrics["eval_loss"],
-            "exact_match": metrics["eval_exact_match"],
+            **self.span_selection_results(stage, metrics),
         }
 
     def rss_prefix_off(self) -> dict:

@@ -6,6 +6,7 @@ RoFormer, DeBERTa and LittleBird (and any transformers model) load the same way.
     config = fit_config_to_tokenizer(config, tokenizer, model_args)   # from scratch: the tokenizer's vocab size
     model = load_model(model_args, config, AutoModelForSequenceClassification)
         # without --model_name_or_path the model is built from the config
+    max_length = window_length(config, data_args.max_seq_length)     # tokens per input (QA: per window), NER, MC
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ from .errors import ArgumentError
 
 # transformers' model types whose checkpoints the scripts run on posformers (posformers.enable's)
 DROP_IN_MODEL_TYPES = ("deberta", "deberta-v2", "roformer")
+LITTLEBIRD_WINDOW = 4096
+DEFAULT_WINDOW = 512
 
 logger = logging.getLogger(__name__)
 
 
-def _hub_kwargs(model_args: ModelArguments) -> dict:
+def hub_kwargs(model_args: ModelArguments) -> dict:
+    """from_pretrained's Hub options: --cache_dir, --model_revision, --token, --trust_remote_code."""
     return {
         "cache_dir": model_args.cache_dir,
         "revision": model_args.model_revision,
@@ -73,7 +77,7 @@ def load_config(model_args: ModelArguments, **config_kwargs):
         argument = "--config_name" if model_args.config_name else "--model_name_or_path"
         name = model_args.config_name or model_args.model_name_or_path
         try:
-            config = AutoConfig.from_pretrained(name, **config_kwargs, **_hub_kwargs(model_args))
+            config = AutoConfig.from_pretrained(name, **config_kwargs, **hub_kwargs(model_args))
         except (OSError, ValueError, TypeError) as error:  # a config.json that is not JSON, a bad field, a model_type
             raise load_error(argument, name, error) from error
     elif model_args.model_type:
@@ -113,7 +117,7 @@ def load_tokenizer(model_args: ModelArguments):
         raise ArgumentError("training from scratch needs --tokenizer_name (a tokenizer folder or repo id)")
     argument = "--tokenizer_name" if model_args.tokenizer_name else "--model_name_or_path"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, **_hub_kwargs(model_args))
+        tokenizer = AutoTokenizer.from_pretrained(name, **hub_kwargs(model_args))
     except json.JSONDecodeError as error:
         raise ArgumentError(f"{argument} {name}: a tokenizer file is not valid JSON, truncated? ({error})") from error
     except Exception as error:  # tokenizers' own parse errors are plain Exceptions; any of them means a bad folder
@@ -178,7 +182,20 @@ def _load_model(model_args: ModelArguments, config, auto_class):
             model_args.model_name_or_path,
             config=config,
             ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
-            **_hub_kwargs(model_args),
+            **hub_kwargs(model_args),
         )
     except OSError as error:  # posformers' CheckpointError (a truncated or corrupted file, ...) is one
         raise load_error("--model_name_or_path", model_args.model_name_or_path, error) from error
+
+
+def window_length(config, requested: int | None) -> int:
+    """Tokens per window: the whole document up to 4096 for LittleBird (any length when asked), 512 for others,
+    never past a model's max_position_embeddings."""
+    if config.model_type == "littlebird":
+        return requested or LITTLEBIRD_WINDOW
+    limit = getattr(config, "max_position_embeddings", None)
+    length = requested or DEFAULT_WINDOW
+    if limit is not None and length > limit:
+        logger.warning("max_seq_length %d is more than the model's %d positions: using %d", length, limit, limit)
+        length = limit
+    return length

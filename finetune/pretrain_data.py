@@ -474,6 +474,23 @@ def _example_generator(input_ids: list[int], seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + key)
 
 
+def example_generator(feature: dict, seed: int | None, epoch: int = 0, offset: int = 0) -> torch.Generator | None:
+    """The random source of one example's draws (masks, questions, inserted padding), seeded with its tokens and:
+    its "mask_seed" (a held-out example, see `fix_masks`: the same draws at every evaluation), else `seed` and
+    `epoch` (a resumed run draws as the interrupted one did). None without either: torch's global RNG. `offset` keeps
+    the draws of another purpose (Padding Insertion's) apart from the masks'."""
+    if feature.get(MASK_SEED) is not None:
+        return _example_generator(list(feature["input_ids"]), feature[MASK_SEED] + offset)
+    if seed is not None:
+        return _example_generator(list(feature["input_ids"]), seed * 65_537 + epoch + offset)
+    return None
+
+
+def round_up(length: int, multiple: int | None) -> int:
+    """`length` rounded up to a multiple of `multiple` (pad_to_multiple_of; None: as it is)."""
+    return -(-length // multiple) * multiple if multiple else length
+
+
 def select_positions(
     candidates: torch.Tensor, word_starts: torch.Tensor | None, probability: float, generator=None
 ) -> torch.Tensor:
@@ -525,9 +542,7 @@ class MaskingCollator:
 
     def _pad(self, features: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """-> input_ids (B, L), attention_mask (B, L), word_starts (B, L) or None."""
-        length = max(len(feature["input_ids"]) for feature in features)
-        if self.pad_to_multiple_of:
-            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        length = round_up(max(len(feature["input_ids"]) for feature in features), self.pad_to_multiple_of)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         input_ids = torch.full((len(features), length), pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(features), length), dtype=torch.long)
@@ -555,11 +570,7 @@ class MaskingCollator:
         candidates = attention_mask.bool() & ~torch.isin(input_ids, self.special_ids)
         labels = torch.full_like(input_ids, -100)
         for row, feature in enumerate(features):
-            generator = None
-            if feature.get(MASK_SEED) is not None:  # a held-out example: the same masks at every evaluation
-                generator = _example_generator(feature["input_ids"], feature[MASK_SEED])
-            elif self.seed is not None:
-                generator = _example_generator(feature["input_ids"], self.seed * 65_537 + self.epoch)
+            generator = example_generator(feature, self.seed, self.epoch)
             starts = word_starts[row] if word_starts is not None else None
             selected = select_positions(candidates[row], starts, self.mlm_probability, generator)
             labels[row][selected] = input_ids[row][selected]

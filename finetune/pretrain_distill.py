@@ -58,7 +58,7 @@ from transformers import AutoModelForMaskedLM, DataCollatorWithPadding, Trainer
 from posformers import LittleBirdForMaskedLM
 
 from .errors import ArgumentError
-from .pretrain_data import MASK_SEED, _example_generator
+from .pretrain_data import example_generator, round_up
 
 IGNORE_INDEX = -100
 # Offset of the Padding Insertion seed of a held-out example from its masking seed, so the two draws differ.
@@ -226,15 +226,10 @@ class PaddingInsertionCollator:
 
     def _generator_for(self, feature: dict) -> torch.Generator | None:
         """The random source of one example: seeded like its masks where the base collator seeds those."""
-        if feature.get(MASK_SEED) is not None:
-            return _example_generator(list(feature["input_ids"]), feature[MASK_SEED] + INSERTION_SEED_OFFSET)
-        seed = getattr(self.base_collator, "seed", None)
-        if self.generator is None and seed is not None:
-            # as MaskingCollator's training masks: per (seed, epoch, example), so a resumed run inserts as the
-            # interrupted one did
-            epoch_seed = seed * 65_537 + getattr(self.base_collator, "epoch", 0)
-            return _example_generator(list(feature["input_ids"]), epoch_seed + INSERTION_SEED_OFFSET)
-        return self.generator
+        seed = getattr(self.base_collator, "seed", None) if self.generator is None else None
+        epoch = getattr(self.base_collator, "epoch", 0)
+        generator = example_generator(feature, seed, epoch, offset=INSERTION_SEED_OFFSET)
+        return self.generator if generator is None else generator
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         clean = dict(self.base_collator(features))
@@ -249,8 +244,7 @@ class PaddingInsertionCollator:
             gaps = insertion_gaps(num_real, **self.options, generator=self._generator_for(feature))
             student_positions.append(torch.arange(num_real) + gaps.cumsum(0))
         length = max(int(positions[-1]) + 1 if positions.numel() else 1 for positions in student_positions)
-        if self.pad_to_multiple_of:
-            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        length = round_up(length, self.pad_to_multiple_of)
 
         batch_size = input_ids.shape[0]
         student = {

@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from .errors import ArgumentError, DataError
-from .loading import _hub_kwargs as hub_kwargs
-from .pretrain_data import MASK_SEED, _example_generator
+from .loading import hub_kwargs
+from .pretrain_data import example_generator, round_up
 from .pretrain_distill import PaddingInsertionCollator
 
 logger = logging.getLogger(__name__)
@@ -329,26 +329,21 @@ class RecurringSpanCollator:
         self.max_questions, self.question_rate = max_questions, question_rate
         self.pad_to_multiple_of, self.seed, self.epoch = pad_to_multiple_of, seed, 0
 
-    def _generator_for(self, feature: dict) -> torch.Generator | None:
-        if feature.get(MASK_SEED) is not None:
-            return _example_generator(list(feature["input_ids"]), feature[MASK_SEED])
-        if self.seed is not None:
-            return _example_generator(list(feature["input_ids"]), self.seed * 65_537 + self.epoch)
-        return None
-
     def mask(self, feature: dict) -> dict[str, list[int]]:
         """One passage masked (see `mask_recurring_spans`)."""
         input_ids = list(feature["input_ids"])
         budget = question_budget(len(input_ids), self.max_questions, self.question_rate)
         return mask_recurring_spans(
-            input_ids, groups_of(feature[SPANS]), self.question_token_id, budget, self._generator_for(feature)
+            input_ids,
+            groups_of(feature[SPANS]),
+            self.question_token_id,
+            budget,
+            example_generator(feature, self.seed, self.epoch),
         )
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         masked = [self.mask(feature) for feature in features]
-        length = max(len(example["input_ids"]) for example in masked)
-        if self.pad_to_multiple_of:
-            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        length = round_up(max(len(example["input_ids"]) for example in masked), self.pad_to_multiple_of)
         questions = max(1, max(len(example["question_positions"]) for example in masked))
         batch_size = len(masked)
         batch = {

@@ -44,21 +44,16 @@ from transformers import (
     EvalPrediction,
     Trainer,
     TrainingArguments,
-    set_seed,
 )
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from . import metrics
-from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
-from .distributed import attach, exit_on_lost_process, prepare_processes
-from .errors import ArgumentError, DataError, exit_on_data_error
+from .arguments import ModelArguments
+from .errors import ArgumentError, DataError
 from .glue_data import GlueTask, Table, get_task, read_files, read_hub, rename_labels, split_files, submission_name
 from .glue_metrics import TASK_METRICS
 from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
-from .lora import apply_lora
-from .padding_free import plan_padding_free
-from .reporting import ThroughputCallback, count_tokens, setup_logging
-from .stages import run_stages
+from .script import Script, check_splits, script_main
 
 logger = logging.getLogger(__name__)
 
@@ -334,114 +329,88 @@ def write_predictions(path: Path, ids, predictions, label_names: tuple[str, ...]
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def check_splits(training_args: TrainingArguments, tables: dict) -> None:
-    """Each requested stage needs its data."""
-    needs = {"do_train": "train", "do_eval": "validation", "do_predict": "test"}
-    for flag, prefix in needs.items():
-        if getattr(training_args, flag) and not any(split.startswith(prefix) for split in tables):
-            raise DataError(f"--{flag} needs a {prefix} split (have: {', '.join(tables) or 'none'})")
+class Glue(Script):
+    """posformers-glue's steps (finetune/script.py runs them)."""
 
+    data_arguments = DataTrainingArguments
+    task = "text-classification"
 
-@exit_on_data_error
-@exit_on_lost_process
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Run the script with `argv` (default: sys.argv[1:]); returns every metric it reported."""
-    model_args, data_args, run_args, training_args = parse_arguments(
-        (ModelArguments, DataTrainingArguments, RunArguments, TrainingArguments), argv
-    )
-    setup_logging(training_args)
-    checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
-    set_seed(training_args.seed)
+    def load(self):
+        declared = declared_labels(self.training_args)
+        self.glue_task, self.tables = load_tables(self.data_args, **self.read_options(), label_names=declared)
+        check_splits(self.training_args, self.tables)
+        label_names = next(iter(self.tables.values())).label_names
+        self.regression = label_names is None
 
-    declared = declared_labels(training_args)
-    task, tables = load_tables(data_args, run_args.skip_bad_examples, model_args.cache_dir, run_args.encoding, declared)
-    check_splits(training_args, tables)
-    label_names = next(iter(tables.values())).label_names
-    regression = label_names is None
+        config = load_config(self.model_args)
+        self.label_names = align_with_checkpoint(config, self.tables, label_names, self.glue_task)
+        config = set_labels(config, self.label_names, self.glue_task, self.model_args)
+        self.tokenizer = load_tokenizer(self.model_args)
+        config = fit_config_to_tokenizer(config, self.tokenizer, self.model_args)
+        cap_max_seq_length(self.data_args, config, self.tokenizer)
+        return load_model(self.model_args, config, AutoModelForSequenceClassification)
 
-    config = load_config(model_args)
-    label_names = align_with_checkpoint(config, tables, label_names, task)
-    config = set_labels(config, label_names, task, model_args)
-    tokenizer = load_tokenizer(model_args)
-    config = fit_config_to_tokenizer(config, tokenizer, model_args)
-    cap_max_seq_length(data_args, config, tokenizer)
-    model = load_model(model_args, config, AutoModelForSequenceClassification)
-    padding_free = plan_padding_free(
-        run_args.padding_free, model, training_args, pad_to_max_length=data_args.pad_to_max_length
-    )
-    if run_args.lora_r is not None:
+    def lora_arguments(self, model) -> dict:
         labels = {"id2label": model.config.id2label, "label2id": model.config.label2id}
-        if regression:
+        if self.regression:
             labels = {"num_labels": 1, "problem_type": "regression"}
-        model = apply_lora(
-            model, model_args, run_args, training_args, "SEQ_CLS", "AutoModelForSequenceClassification", **labels
+        return {"task_type": "SEQ_CLS", "auto_class": "AutoModelForSequenceClassification", **labels}
+
+    def prepare_datasets(self) -> tuple:
+        data_args, tables = self.data_args, self.tables
+        train_dataset = None
+        if self.training_args.do_train:
+            train_dataset = tokenize(limit(tables["train"], data_args.max_train_samples), self.tokenizer, data_args)
+        eval_splits = splits_for(self.glue_task, tables, "validation") if self.training_args.do_eval else []
+        self.eval_datasets = {
+            split: tokenize(limit(tables[split], data_args.max_eval_samples), self.tokenizer, data_args)
+            for split in eval_splits
+        }
+        return train_dataset, next(iter(self.eval_datasets.values()), None)
+
+    def build_trainer(self, padding_free, **common) -> Trainer:
+        collator = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=self.pad_to_multiple_of)
+        return Trainer(
+            **common,
+            data_collator=padding_free.collator(collator),
+            compute_metrics=make_compute_metrics(self.glue_task, self.label_names),
         )
 
-    train_dataset = None
-    if training_args.do_train:
-        train_dataset = tokenize(limit(tables["train"], data_args.max_train_samples), tokenizer, data_args)
-    eval_splits = splits_for(task, tables, "validation") if training_args.do_eval else []
-    eval_datasets = {
-        split: tokenize(limit(tables[split], data_args.max_eval_samples), tokenizer, data_args) for split in eval_splits
-    }
-
-    count_tokens(training_args)
-    prepare_processes(training_args)
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_datasets.get(eval_splits[0]) if eval_splits else None,
-        processing_class=tokenizer,
-        data_collator=padding_free.collator(
-            DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None)
-        ),
-        compute_metrics=make_compute_metrics(task, label_names),
-        callbacks=[ThroughputCallback()],
-    )
-    padding_free.attach(trainer)
-    attach(trainer)
-
-    def evaluate() -> dict[str, float]:
+    def evaluate(self) -> dict[str, float]:
         """Every validation split: MNLI's mismatched one under `eval_mm_*`."""
         scores = {}
-        for split, dataset in eval_datasets.items():
+        for split, dataset in self.eval_datasets.items():
             prefix = "eval_mm" if split.endswith("mismatched") else "eval"
-            scores.update(trainer.evaluate(eval_dataset=dataset, metric_key_prefix=prefix))
+            scores.update(self.trainer.evaluate(eval_dataset=dataset, metric_key_prefix=prefix))
             scores[f"{prefix}_samples"] = len(dataset)
         return scores
 
-    def predict() -> dict:
+    def predict(self) -> dict:
         """The test predictions in GLUE's submission format (no metrics: test sets have no labels)."""
-        for split in splits_for(task, tables, "test"):
-            table = limit(tables[split], data_args.max_predict_samples)
-            dataset = tokenize(table, tokenizer, data_args)
+        task = self.glue_task
+        for split in splits_for(task, self.tables, "test"):
+            table = limit(self.tables[split], self.data_args.max_predict_samples)
+            dataset = tokenize(table, self.tokenizer, self.data_args)
             if "label" in dataset.column_names:
                 dataset = dataset.remove_columns("label")  # predict only: the submission has no labels
-            output = trainer.predict(dataset, metric_key_prefix="predict")
-            predictions = logits_to_predictions(output.predictions, regression)
-            if trainer.is_world_process_zero():
+            output = self.trainer.predict(dataset, metric_key_prefix="predict")
+            predictions = logits_to_predictions(output.predictions, self.regression)
+            if self.trainer.is_world_process_zero():
                 name = submission_name(task, split) if task else "predictions" + split.removeprefix("test")
-                path = Path(training_args.output_dir) / f"{name}.tsv"
-                write_predictions(path, [example.idx for example in table.examples], predictions, label_names)
+                path = Path(self.training_args.output_dir) / f"{name}.tsv"
+                write_predictions(path, [example.idx for example in table.examples], predictions, self.label_names)
                 logger.info("wrote %s", path)
         return {}
 
-    card = {
-        "finetuned_from": model_args.model_name_or_path,
-        "tasks": "text-classification",
-        "license": model_args.license,
-    }
-    if task is not None:
-        card.update(language="en", dataset_tags="glue", dataset_args=task.name, dataset=f"GLUE {task.name.upper()}")
-    return run_stages(
-        trainer,
-        checkpoint,
-        train_samples=len(train_dataset) if train_dataset is not None else None,
-        evaluate=evaluate,
-        predict=predict,
-        card=card,
-    )
+    def card(self) -> dict:
+        card = super().card()
+        if self.glue_task is not None:
+            name = self.glue_task.name
+            card.update(language="en", dataset_tags="glue", dataset_args=name, dataset=f"GLUE {name.upper()}")
+        return card
+
+
+main = script_main(Glue)
 
 
 if __name__ == "__main__":

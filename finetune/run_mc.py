@@ -39,20 +39,14 @@ from transformers import (
     EvalPrediction,
     Trainer,
     TrainingArguments,
-    set_seed,
 )
 
-from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
-from .distributed import attach, exit_on_lost_process, prepare_processes
-from .errors import DataError, exit_on_data_error
+from .arguments import SplitDataArguments
+from .errors import DataError
 from .glue_metrics import accuracy
-from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
+from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer, window_length
 from .mc_data import read_hub, read_split_files
-from .padding_free import plan_padding_free
-from .reporting import ThroughputCallback, count_tokens, setup_logging
-from .run_ner import SPLIT_FLAGS, SplitDataArguments, limit_splits, model_card, require_splits
-from .run_qa import window_length
-from .stages import run_stages
+from .script import SPLIT_FLAGS, Script, check_splits, script_main
 
 logger = logging.getLogger(__name__)
 
@@ -63,22 +57,18 @@ class McDataArguments(SplitDataArguments):
 
 
 def load_splits(
-    data_args: McDataArguments, training_args, skip_bad: bool, cache_dir, encoding: str | None = None
+    data_args: McDataArguments, training_args: TrainingArguments, skip_bad: bool, cache_dir, encoding: str | None = None
 ) -> dict:
     """The questions of each split the run needs (files read in `encoding`); training and evaluation need answers."""
-    files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
-    files = {split: name for split, name in files.items() if name}
-    if files:
-        splits = read_split_files(files, skip_bad, encoding)
-    elif data_args.dataset_name:
-        splits = read_hub(data_args.dataset_name, data_args.dataset_config_name, cache_dir)
-    else:
-        raise DataError("no data: give --train_file / --validation_file / --test_file or --dataset_name")
-    require_splits(splits, training_args)
+    splits = data_args.read(
+        lambda files: read_split_files(files, skip_bad, encoding),
+        lambda name, config_name: read_hub(name, config_name, cache_dir),
+    )
+    check_splits(training_args, splits)
     for split in ("train", "validation"):
         if getattr(training_args, SPLIT_FLAGS[split]) and splits[split][0]["label"] is None:
             raise DataError(f"--{SPLIT_FLAGS[split]}: the {split} split has no answers (label / answerKey)")
-    return limit_splits(splits, data_args)
+    return data_args.limit(splits)
 
 
 def to_features(questions: list[dict], tokenizer, max_length: int, pad_to_max_length: bool):
@@ -140,81 +130,68 @@ def write_predictions(path: Path, questions: list[dict], logits) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-@exit_on_data_error
-@exit_on_lost_process
-def main(argv: list[str] | None = None) -> dict | None:
-    """Run the script with `argv` (CLI words; None: sys.argv). In-process callers get every metric it reported."""
-    model_args, data_args, run_args, training_args = parse_arguments(
-        (ModelArguments, McDataArguments, RunArguments, TrainingArguments), argv
-    )
-    setup_logging(training_args)
-    checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
-    set_seed(training_args.seed)
+class MultipleChoice(Script):
+    """posformers-mc's steps (finetune/script.py runs them)."""
 
-    splits = load_splits(data_args, training_args, run_args.skip_bad_examples, model_args.cache_dir, run_args.encoding)
-    config = load_config(model_args)
-    tokenizer = load_tokenizer(model_args)
-    tokenizer.padding_side = "right"
-    config = fit_config_to_tokenizer(config, tokenizer, model_args)
-    if getattr(config, "summary_type", None) == "last" and not data_args.pad_to_max_length:
-        logger.warning(
-            "%s's multiple-choice head reads each choice's last position (summary_type='last', as transformers' "
-            "RoFormer), a padding token in a padded choice: scores then depend on the batch's padding. "
-            "--config_overrides summary_type=mean (or first) avoids that",
-            config.model_type,
-        )
-    model = load_model(model_args, config, AutoModelForMultipleChoice)
-    padding_free = plan_padding_free(
-        run_args.padding_free,
-        model,
-        training_args,
-        pad_to_max_length=data_args.pad_to_max_length,
-        flattenable=False,
-        reason="a multiple-choice head scores padded (batch, choices, tokens) blocks",
-    )
-    max_length = window_length(config, data_args.max_seq_length)
-    features = {
-        split: to_features(questions, tokenizer, max_length, data_args.pad_to_max_length)
-        for split, questions in splits.items()
-    }
+    data_arguments = McDataArguments
+    task = "multiple-choice"
 
-    count_tokens(training_args)
-    prepare_processes(training_args)
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=features.get("train"),
-        eval_dataset=features.get("validation"),
-        processing_class=tokenizer,
-        data_collator=ChoicesCollator(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None),
-        compute_metrics=compute_metrics,
-        callbacks=[ThroughputCallback()],
-    )
-    padding_free.attach(trainer)
-    attach(trainer)
-    output_dir = Path(training_args.output_dir)
+    def load(self):
+        model_args = self.model_args
+        self.splits = load_splits(self.data_args, self.training_args, **self.read_options())
+        config = load_config(model_args)
+        self.tokenizer = load_tokenizer(model_args)
+        self.tokenizer.padding_side = "right"
+        self.config = fit_config_to_tokenizer(config, self.tokenizer, model_args)
+        if getattr(config, "summary_type", None) == "last" and not self.data_args.pad_to_max_length:
+            logger.warning(
+                "%s's multiple-choice head reads each choice's last position (summary_type='last', as transformers' "
+                "RoFormer), a padding token in a padded choice: scores then depend on the batch's padding. "
+                "--config_overrides summary_type=mean (or first) avoids that",
+                config.model_type,
+            )
+        return load_model(model_args, self.config, AutoModelForMultipleChoice)
 
-    def evaluate() -> dict:
-        output = trainer.predict(features["validation"], metric_key_prefix="eval")
-        trainer.log(output.metrics)
-        if trainer.is_world_process_zero():
-            write_predictions(output_dir / "eval_predictions.jsonl", splits["validation"], output.predictions)
-        return {**output.metrics, "eval_samples": len(features["validation"])}
+    def padding_free_options(self) -> dict:
+        return {
+            **super().padding_free_options(),
+            "flattenable": False,
+            "reason": "a multiple-choice head scores padded (batch, choices, tokens) blocks",
+        }
 
-    def predict() -> dict:
-        output = trainer.predict(features["test"], metric_key_prefix="predict")
-        if trainer.is_world_process_zero():
-            write_predictions(output_dir / "predictions.jsonl", splits["test"], output.predictions)
-        return {**output.metrics, "predict_samples": len(features["test"])}
+    def prepare_datasets(self) -> tuple:
+        max_length = window_length(self.config, self.data_args.max_seq_length)
+        self.features = {
+            split: to_features(questions, self.tokenizer, max_length, self.data_args.pad_to_max_length)
+            for split, questions in self.splits.items()
+        }
+        return self.features.get("train"), self.features.get("validation")
 
-    return run_stages(
-        trainer,
-        checkpoint,
-        train_samples=len(features["train"]) if "train" in features else None,
-        evaluate=evaluate,
-        predict=predict,
-        card=model_card(model_args, data_args, "multiple-choice"),
-    )
+    def build_trainer(self, padding_free, **common) -> Trainer:
+        collator = ChoicesCollator(self.tokenizer, pad_to_multiple_of=self.pad_to_multiple_of)  # never flattened
+        return Trainer(**common, data_collator=collator, compute_metrics=compute_metrics)
+
+    def evaluate(self) -> dict:
+        output = self.trainer.predict(self.features["validation"], metric_key_prefix="eval")
+        self.trainer.log(output.metrics)
+        self.write_choices("eval_predictions.jsonl", "validation", output.predictions)
+        return {**output.metrics, "eval_samples": len(self.features["validation"])}
+
+    def predict(self) -> dict:
+        output = self.trainer.predict(self.features["test"], metric_key_prefix="predict")
+        self.write_choices("predictions.jsonl", "test", output.predictions)
+        return {**output.metrics, "predict_samples": len(self.features["test"])}
+
+    def write_choices(self, name: str, split: str, logits) -> None:
+        """The choices' probabilities for `split` into output_dir/`name` (process 0 only)."""
+        if self.trainer.is_world_process_zero():
+            write_predictions(Path(self.training_args.output_dir) / name, self.splits[split], logits)
+
+    def card(self) -> dict:
+        return {**super().card(), "dataset": self.data_args.card_dataset()}
+
+
+main = script_main(MultipleChoice)
 
 
 if __name__ == "__main__":

@@ -40,50 +40,19 @@ from transformers import (
     EvalPrediction,
     Trainer,
     TrainingArguments,
-    set_seed,
 )
 
 from . import metrics
-from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
-from .distributed import attach, exit_on_lost_process, prepare_processes
-from .errors import ArgumentError, DataError, exit_on_data_error
-from .loading import fit_config_to_tokenizer, load_config, load_model, load_tokenizer
+from .arguments import ModelArguments, SplitDataArguments
+from .errors import ArgumentError, DataError
+from .loading import fit_config_to_tokenizer, hub_kwargs, load_config, load_model, load_tokenizer, window_length
 from .ner_data import label_list, read_hub, read_split_files
 from .ner_metrics import OVERALL
-from .padding_free import plan_padding_free
-from .reporting import ThroughputCallback, count_tokens, setup_logging
-from .run_qa import window_length
-from .stages import run_stages
+from .script import Script, check_splits, script_main
 
 logger = logging.getLogger(__name__)
 
 IGNORE = -100  # the label of tokens the loss and the scores skip
-
-
-@dataclasses.dataclass
-class SplitDataArguments:
-    """The data of posformers-ner and posformers-mc: files or a dataset, and how much of it (names as in transformers'
-    run_ner and run_swag)."""
-
-    dataset_name: str | None = dataclasses.field(
-        default=None, metadata={"help": "A Hub dataset (conll2003, swag, commonsense_qa, ...) or a local folder."}
-    )
-    dataset_config_name: str | None = dataclasses.field(default=None, metadata={"help": "Its configuration."})
-    train_file: str | None = dataclasses.field(
-        default=None, metadata={"help": "NER: a CoNLL file or .json/.jsonl; multiple choice: a SWAG .csv or .jsonl."}
-    )
-    validation_file: str | None = dataclasses.field(default=None, metadata={"help": "Same, for evaluation."})
-    test_file: str | None = dataclasses.field(default=None, metadata={"help": "Same, for predictions."})
-    max_seq_length: int | None = dataclasses.field(
-        default=None,
-        metadata={"help": "Tokens per input, longer ones are cut (default: 4096 for LittleBird, else 512)."},
-    )
-    pad_to_max_length: bool = dataclasses.field(
-        default=False, metadata={"help": "Pad every input to max_seq_length (default: pad each batch to its longest)."}
-    )
-    max_train_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N examples."})
-    max_eval_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N examples."})
-    max_predict_samples: int | None = dataclasses.field(default=None, metadata={"help": "Use the first N examples."})
 
 
 @dataclasses.dataclass
@@ -104,41 +73,17 @@ class NerDataArguments(SplitDataArguments):
         return self.text_column_name, self.label_column_name
 
 
-SPLIT_FLAGS = {"train": "do_train", "validation": "do_eval", "test": "do_predict"}
-SAMPLE_LIMITS = {"train": "max_train_samples", "validation": "max_eval_samples", "test": "max_predict_samples"}
-
-
 def load_splits(
-    data_args: NerDataArguments, training_args, skip_bad: bool, cache_dir, encoding: str | None = None
+    data_args: NerDataArguments, training_args: TrainingArguments, skip_bad: bool, cache_dir, encoding=None
 ) -> tuple[dict, list | None]:
     """The sentences of each split the run needs (files read in `encoding`), and the dataset's declared tag order
     (or None)."""
-    files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
-    files = {split: name for split, name in files.items() if name}
-    if files:
-        splits, declared = read_split_files(files, data_args.columns, skip_bad, encoding), None
-    elif data_args.dataset_name:
-        splits, declared = read_hub(data_args.dataset_name, data_args.dataset_config_name, data_args.columns, cache_dir)
-    else:
-        raise DataError("no data: give --train_file / --validation_file / --test_file or --dataset_name")
-    require_splits(splits, training_args)
-    return limit_splits(splits, data_args), declared
-
-
-def require_splits(splits: dict, training_args) -> None:
-    """Each stage asked for (--do_train, --do_eval, --do_predict) needs its split."""
-    for split, flag in SPLIT_FLAGS.items():
-        if getattr(training_args, flag) and split not in splits:
-            raise DataError(f"--{flag} needs a {split} split (have: {', '.join(splits)})")
-
-
-def limit_splits(splits: dict, data_args) -> dict:
-    """The first --max_train_samples / --max_eval_samples / --max_predict_samples examples of each split."""
-    for split, limit in SAMPLE_LIMITS.items():
-        count = getattr(data_args, limit)
-        if split in splits and count is not None:
-            splits[split] = splits[split][:count]
-    return splits
+    splits, declared = data_args.read(
+        lambda files: (read_split_files(files, data_args.columns, skip_bad, encoding), None),
+        lambda name, config_name: read_hub(name, config_name, data_args.columns, cache_dir),
+    )
+    check_splits(training_args, splits)
+    return data_args.limit(splits), declared
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -174,14 +119,7 @@ def tokenizer_for_words(tokenizer, model_args: ModelArguments):
         raise ArgumentError(f"{type(tokenizer).__name__} is not a fast tokenizer: aligning tags to words needs one")
     if getattr(tokenizer, "add_prefix_space", None) is False:
         name = model_args.tokenizer_name or model_args.model_name_or_path
-        tokenizer = AutoTokenizer.from_pretrained(
-            name,
-            add_prefix_space=True,
-            cache_dir=model_args.cache_dir,
-            revision=model_args.model_revision,
-            token=model_args.token,
-            trust_remote_code=model_args.trust_remote_code,
-        )
+        tokenizer = AutoTokenizer.from_pretrained(name, add_prefix_space=True, **hub_kwargs(model_args))
     tokenizer.padding_side = "right"
     return tokenizer
 
@@ -306,97 +244,72 @@ class NerScorer:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@exit_on_data_error
-@exit_on_lost_process
-def main(argv: list[str] | None = None) -> dict | None:
-    """Run the script with `argv` (CLI words; None: sys.argv). In-process callers get every metric it reported."""
-    model_args, data_args, run_args, training_args = parse_arguments(
-        (ModelArguments, NerDataArguments, RunArguments, TrainingArguments), argv
-    )
-    setup_logging(training_args)
-    checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
-    set_seed(training_args.seed)
+class Ner(Script):
+    """posformers-ner's steps (finetune/script.py runs them)."""
 
-    splits, declared = load_splits(
-        data_args, training_args, run_args.skip_bad_examples, model_args.cache_dir, run_args.encoding
-    )
-    config = load_config(model_args)
-    set_labels(config, label_list(splits, declared), model_args)
-    tokenizer = tokenizer_for_words(load_tokenizer(model_args), model_args)
-    config = fit_config_to_tokenizer(config, tokenizer, model_args)
-    model = load_model(model_args, config, AutoModelForTokenClassification)
-    padding_free = plan_padding_free(
-        run_args.padding_free, model, training_args, pad_to_max_length=data_args.pad_to_max_length
-    )
+    data_arguments = NerDataArguments
+    task = "token-classification"
 
-    max_length = window_length(config, data_args.max_seq_length)
-    features, kept = {}, {}
-    for split, sentences in splits.items():
-        all_tokens = data_args.label_all_tokens and split == "train"  # scores always read first sub-tokens
-        features[split], kept[split] = to_features(
-            sentences, tokenizer, config.label2id, data_args, max_length, all_tokens
-        )
-        cut = sum(len(sentence["tokens"]) - len(words) for sentence, words in zip(sentences, kept[split]))
-        if cut:
-            logger.warning(
-                "%s: %d words get no prediction (past max_seq_length=%d tokens, or no token)", split, cut, max_length
+    def load(self):
+        model_args = self.model_args
+        self.splits, declared = load_splits(self.data_args, self.training_args, **self.read_options())
+        config = load_config(model_args)
+        set_labels(config, label_list(self.splits, declared), model_args)
+        self.tokenizer = tokenizer_for_words(load_tokenizer(model_args), model_args)
+        self.config = fit_config_to_tokenizer(config, self.tokenizer, model_args)
+        return load_model(model_args, self.config, AutoModelForTokenClassification)
+
+    def prepare_datasets(self) -> tuple:
+        data_args, label2id = self.data_args, self.config.label2id
+        max_length = window_length(self.config, data_args.max_seq_length)
+        self.features, kept = {}, {}
+        for split, sentences in self.splits.items():
+            all_tokens = data_args.label_all_tokens and split == "train"  # scores always read first sub-tokens
+            self.features[split], kept[split] = to_features(
+                sentences, self.tokenizer, label2id, data_args, max_length, all_tokens
             )
-    scorer = NerScorer(splits, kept, config.id2label, data_args.return_entity_level_metrics)
+            cut = sum(len(sentence["tokens"]) - len(words) for sentence, words in zip(sentences, kept[split]))
+            if cut:
+                logger.warning(
+                    "%s: %d words get no prediction (past max_seq_length=%d tokens, or no token)",
+                    split,
+                    cut,
+                    max_length,
+                )
+        self.scorer = NerScorer(self.splits, kept, self.config.id2label, data_args.return_entity_level_metrics)
+        return self.features.get("train"), self.features.get("validation")
 
-    count_tokens(training_args)
-    prepare_processes(training_args)
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=features.get("train"),
-        eval_dataset=features.get("validation"),
-        processing_class=tokenizer,
-        data_collator=padding_free.collator(
-            DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None),
-            token_keys=("input_ids", "token_type_ids", "labels"),
-        ),
-        compute_metrics=scorer,
-        preprocess_logits_for_metrics=argmax_logits,
-        callbacks=[ThroughputCallback()],
-    )
-    padding_free.attach(trainer)
-    attach(trainer)
-    output_dir = Path(training_args.output_dir)
+    def build_trainer(self, padding_free, **common) -> Trainer:
+        collator = DataCollatorForTokenClassification(self.tokenizer, pad_to_multiple_of=self.pad_to_multiple_of)
+        return Trainer(
+            **common,
+            data_collator=padding_free.collator(collator, token_keys=("input_ids", "token_type_ids", "labels")),
+            compute_metrics=self.scorer,
+            preprocess_logits_for_metrics=argmax_logits,
+        )
 
-    def evaluate() -> dict:
-        metrics = {**trainer.evaluate(), "eval_samples": len(splits["validation"])}
-        if trainer.is_world_process_zero():
-            write_conll(output_dir / "eval_predictions.txt", splits["validation"], scorer.last_tags)
+    def evaluate(self) -> dict:
+        metrics = {**self.trainer.evaluate(), "eval_samples": len(self.splits["validation"])}
+        self.write_tags("eval_predictions.txt", "validation")
         return metrics
 
-    def predict() -> dict:
-        scorer.use("test")
-        output = trainer.predict(features["test"], metric_key_prefix="predict")
-        scorer.use("validation")  # evaluations during training score the validation split
-        if trainer.is_world_process_zero():
-            write_conll(output_dir / "predictions.txt", splits["test"], scorer.last_tags)
-        return {**output.metrics, "predict_samples": len(splits["test"])}
+    def predict(self) -> dict:
+        self.scorer.use("test")
+        output = self.trainer.predict(self.features["test"], metric_key_prefix="predict")
+        self.scorer.use("validation")  # evaluations during training score the validation split
+        self.write_tags("predictions.txt", "test")
+        return {**output.metrics, "predict_samples": len(self.splits["test"])}
 
-    return run_stages(
-        trainer,
-        checkpoint,
-        train_samples=len(features["train"]) if "train" in features else None,
-        evaluate=evaluate,
-        predict=predict,
-        card=model_card(model_args, data_args, "token-classification"),
-    )
+    def write_tags(self, name: str, split: str) -> None:
+        """The tags the scorer last predicted, for `split`, into output_dir/`name` (process 0 only)."""
+        if self.trainer.is_world_process_zero():
+            write_conll(Path(self.training_args.output_dir) / name, self.splits[split], self.scorer.last_tags)
+
+    def card(self) -> dict:
+        return {**super().card(), "dataset": self.data_args.card_dataset()}
 
 
-def model_card(model_args: ModelArguments, data_args: SplitDataArguments, task: str) -> dict:
-    """run_stages' card arguments: the base model, the task, and the dataset (its name, or the data files' names)."""
-    files = (data_args.train_file, data_args.validation_file, data_args.test_file)
-    dataset = data_args.dataset_name or ", ".join(Path(name).name for name in files if name) or None
-    return {
-        "finetuned_from": model_args.model_name_or_path,
-        "tasks": task,
-        "dataset": dataset,
-        "license": model_args.license,
-    }
+main = script_main(Ner)
 
 
 if __name__ == "__main__":

@@ -64,16 +64,13 @@ import copy
 import dataclasses
 import logging
 from pathlib import Path
-from typing import NamedTuple
 
-from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
+from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingArguments
 
-from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
+from .arguments import ModelArguments, RunArguments, prepare_output_dir
 from .checkpoints import last_complete_checkpoint
-from .distributed import attach, exit_on_lost_process, prepare_processes
-from .errors import ArgumentError, exit_on_data_error
+from .errors import ArgumentError
 from .loading import load_config, load_model, load_tokenizer
-from .padding_free import plan_padding_free
 from .pretrain_data import (
     MaskEpochCallback,
     MaskingCollator,
@@ -98,8 +95,7 @@ from .pretrain_rss import (
     span_selection_class,
 )
 from .pretrain_rtd import RTDArguments, RTDTrainer, build_rtd_model, preprocess_rtd_logits, rtd_metrics
-from .reporting import ThroughputCallback, count_tokens, setup_logging
-from .stages import run_stages
+from .script import Script, script_main
 
 logger = logging.getLogger(__name__)
 
@@ -238,173 +234,167 @@ def packed_splits(corpus: dict, tokenizer, data_args: PretrainDataArguments, see
     return packed
 
 
-class PretrainRun(NamedTuple):
-    """Every argument group of the script."""
+class Pretrain(Script):
+    """posformers-pretrain's steps (finetune/script.py runs them) for one objective; `start` chains distillation and
+    RSS under --rss_after_distill_steps."""
 
-    model: ModelArguments
-    data: PretrainDataArguments
-    pretrain: PretrainArguments
-    rtd: RTDArguments
-    distill: DistillArguments
-    rss: RSSArguments
-    run: RunArguments
-    training: TrainingArguments
-
-
-ARGUMENT_GROUPS = (
-    ModelArguments,
-    PretrainDataArguments,
-    PretrainArguments,
-    RTDArguments,
-    DistillArguments,
-    RSSArguments,
-    RunArguments,
-    TrainingArguments,
-)
-
-
-@exit_on_data_error
-@exit_on_lost_process
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Run the script with `argv` (default: sys.argv[1:]); returns every metric it reported."""
-    run = PretrainRun(*parse_arguments(ARGUMENT_GROUPS, argv))
-    setup_logging(run.training)
-    check_run(run.training, run.data)
-    run.rss.check()
-    objective = run.pretrain.objective
-    if run.rss.rss_after_distill_steps > 0:
-        if objective != "distill":
-            raise ArgumentError(f"--rss_after_distill_steps follows --objective distill, not {objective}")
-        return distill_then_rss(run)
-    checkpoint = prepare_output_dir(run.training, run.run.overwrite_output_dir)
-    return pretrain(objective, run, checkpoint)
-
-
-def pretrain(objective: str, run: PretrainRun, checkpoint: str | None = None) -> dict[str, float]:
-    """One pre-training run of `objective` into run.training.output_dir (resuming from `checkpoint`)."""
-    model_args, data_args, _, rtd_args, distill_args, rss_args, run_args, training_args = run
-    set_seed(training_args.seed)
-    config = load_config(model_args)
-    required = OBJECTIVE_MODEL_TYPES[objective]
-    if required is not None and config.model_type != required:
-        raise ArgumentError(f"--objective {objective} trains {required} models; got {config.model_type}")
-    if objective == "distill":
-        distill_args.check()
-    rss = objective == "rss"
-    if rss:
-        span_selection_class(config.model_type)  # refuses the models without a span-selection head
-        if rss_args.rss_padding_insertion and config.model_type != "littlebird":
-            raise ArgumentError(f"--rss_padding_insertion is for LittleBird models, not {config.model_type}")
-    corpus = load_corpus(
-        data_args, training_args.seed, model_args.cache_dir, training_args.do_eval, encoding=run_args.encoding
-    )
-    max_positions = getattr(config, "max_position_embeddings", None)
-    # a trained tokenizer is saved by the process that saves the run (one per run, or per node with save_on_each_node)
-    save_to = training_args.output_dir if training_args.should_save else None
-    tokenizer = obtain_tokenizer(model_args, data_args, corpus, checkpoint, save_to, max_positions)
-    config = fit_config_to_tokenizer(config, tokenizer, model_args, data_args)
-    if rss:
-        question_token_id = add_question_token(tokenizer)
-        if model_args.model_name_or_path is None:
-            config.vocab_size = max(config.vocab_size, len(tokenizer))
-        model = build_rss_model(config, model_args, tokenizer, question_token_id)
-    else:
-        model = build_model(objective, config, model_args, rtd_args, training_args.seed)
-    # Distillation and RSS with Padding Insertion insert padding into the batches on purpose: they stay padded (the
-    # model unpads them internally where it can: right padding; inserted runs are holes, which keep the padded path).
-    inserts_padding = objective == "distill" or (rss and rss_args.rss_padding_insertion)
-    padding_free = plan_padding_free(
-        run_args.padding_free,
-        model,
-        training_args,
-        flattenable=not inserts_padding,
-        reason=f"--objective {objective} with Padding Insertion inserts padding into the batches on purpose",
-    )
-    packed = packed_splits(corpus, tokenizer, data_args, training_args.seed, rss_args if rss else None)
-
-    pad_to_multiple_of = 8 if training_args.fp16 or training_args.bf16 else None
-    if rss:
-        collator = RecurringSpanCollator(
-            tokenizer,
-            question_token_id,
-            rss_args.rss_max_questions,
-            rss_args.rss_question_rate,
-            pad_to_multiple_of=pad_to_multiple_of,
-            seed=training_args.seed,
-        )
-    else:
-        # RTD masks every selected token (the official DeBERTa-v3 data); MLM uses BERT's 80/10/10.
-        replace = {"mask_replace_prob": 1.0, "random_replace_prob": 0.0} if objective == "rtd" else {}
-        collator = MaskingCollator(
-            tokenizer,
-            data_args.mlm_probability,
-            data_args.whole_word_masking,
-            pad_to_multiple_of=pad_to_multiple_of,
-            seed=training_args.seed,
-            **replace,
-        )
-    count_tokens(training_args)
-    prepare_processes(training_args)
-    training_args.remove_unused_columns = False  # the collator reads word_starts / mask_seed and drops them
-    common = dict(
-        model=model,
-        args=training_args,
-        train_dataset=packed["train"] if training_args.do_train else None,
-        eval_dataset=packed.get("validation"),
-        processing_class=tokenizer,
-        callbacks=[ThroughputCallback(), MaskEpochCallback(collator)],
-    )
-    if objective == "distill":  # finetune/pretrain_distill.py: the student sees Padding Insertion, the teacher not
-        insertion = PaddingInsertionCollator(
-            tokenizer, base_collator=collator, **distill_args.padding_insertion_options()
-        )
-        teacher = load_teacher(distill_args.teacher_name_or_path, cache_dir=model_args.cache_dir)
-        trainer = DistillationTrainer(teacher=teacher, distill_args=distill_args, data_collator=insertion, **common)
-    elif objective == "rtd":
-        trainer = RTDTrainer(
-            data_collator=padding_free.collator(collator, MLM_TOKEN_KEYS), compute_metrics=rtd_metrics,
-            preprocess_logits_for_metrics=preprocess_rtd_logits, **common,
+    @classmethod
+    def argument_groups(cls) -> tuple[type, ...]:
+        return (
+            ModelArguments, PretrainDataArguments, PretrainArguments, RTDArguments, DistillArguments, RSSArguments,
+            RunArguments, TrainingArguments,
         )  # fmt: skip
-    elif rss:  # finetune/pretrain_rss.py
-        if rss_args.rss_padding_insertion:
-            rss_collator = RSSPaddingInsertionCollator(tokenizer, collator, **distill_args.padding_insertion_options())
-        else:
-            rss_collator = padding_free.collator(collator)
-        training_args.label_names = ["start_positions", "end_positions"]  # evaluation reports the head's loss
-        trainer = Trainer(
-            data_collator=rss_collator,
-            compute_metrics=rss_metrics,
-            preprocess_logits_for_metrics=preprocess_span_logits,
-            **common,
+
+    def __init__(self, model_args, data_args, pretrain_args, rtd_args, distill_args, rss_args, run_args, training_args):
+        super().__init__(model_args, data_args, run_args, training_args)
+        self.pretrain_args, self.rtd_args = pretrain_args, rtd_args
+        self.distill_args, self.rss_args = distill_args, rss_args
+        self.checkpoint: str | None = None
+
+    @property
+    def objective(self) -> str:
+        return self.pretrain_args.objective
+
+    @property
+    def task(self) -> str:
+        return {"mlm": "fill-mask", "rss": "question-answering"}.get(self.objective, "feature-extraction")
+
+    def replace(self, **arguments) -> Pretrain:
+        """This script with other argument groups (`training_args=...`), for a stage of its own."""
+        script = copy.copy(self)
+        vars(script).update(arguments)
+        return script
+
+    def start(self) -> dict:
+        check_run(self.training_args, self.data_args)
+        self.rss_args.check()
+        if self.rss_args.rss_after_distill_steps > 0:
+            if self.objective != "distill":
+                raise ArgumentError(f"--rss_after_distill_steps follows --objective distill, not {self.objective}")
+            return distill_then_rss(self)
+        return super().start()
+
+    def run(self, checkpoint: str | None = None) -> dict:
+        """One pre-training run of the objective into training_args.output_dir (resuming from `checkpoint`)."""
+        self.checkpoint = checkpoint  # a tokenizer that the resumed run trained is reloaded from it
+        results = super().run(checkpoint)
+        if self.trainer.is_world_process_zero():
+            logger.info("pre-trained model written to %s", Path(self.training_args.output_dir).resolve())
+        return results
+
+    def load(self):
+        model_args, data_args, training_args = self.model_args, self.data_args, self.training_args
+        objective = self.objective
+        config = load_config(model_args)
+        required = OBJECTIVE_MODEL_TYPES[objective]
+        if required is not None and config.model_type != required:
+            raise ArgumentError(f"--objective {objective} trains {required} models; got {config.model_type}")
+        if objective == "distill":
+            self.distill_args.check()
+        if objective == "rss":
+            span_selection_class(config.model_type)  # refuses the models without a span-selection head
+            if self.rss_args.rss_padding_insertion and config.model_type != "littlebird":
+                raise ArgumentError(f"--rss_padding_insertion is for LittleBird models, not {config.model_type}")
+        self.corpus = load_corpus(
+            data_args, training_args.seed, model_args.cache_dir, training_args.do_eval, encoding=self.run_args.encoding
         )
-    else:
-        trainer = Trainer(
+        max_positions = getattr(config, "max_position_embeddings", None)
+        # a trained tokenizer is saved by the process that saves the run (one per run, or per node: save_on_each_node)
+        save_to = training_args.output_dir if training_args.should_save else None
+        self.tokenizer = obtain_tokenizer(model_args, data_args, self.corpus, self.checkpoint, save_to, max_positions)
+        config = fit_config_to_tokenizer(config, self.tokenizer, model_args, data_args)
+        if objective != "rss":
+            return build_model(objective, config, model_args, self.rtd_args, training_args.seed)
+        self.question_token_id = add_question_token(self.tokenizer)
+        if model_args.model_name_or_path is None:
+            config.vocab_size = max(config.vocab_size, len(self.tokenizer))
+        return build_rss_model(config, model_args, self.tokenizer, self.question_token_id)
+
+    def padding_free_options(self) -> dict:
+        # Distillation and RSS with Padding Insertion insert padding into the batches on purpose: they stay padded (the
+        # model unpads them internally where it can: right padding; inserted runs are holes, which keep the padded
+        # path).
+        objective = self.objective
+        inserts_padding = objective == "distill" or (objective == "rss" and self.rss_args.rss_padding_insertion)
+        reason = f"--objective {objective} with Padding Insertion inserts padding into the batches on purpose"
+        return {"flattenable": not inserts_padding, "reason": reason}
+
+    def prepare_datasets(self) -> tuple:
+        rss_args = self.rss_args if self.objective == "rss" else None
+        self.packed = packed_splits(self.corpus, self.tokenizer, self.data_args, self.training_args.seed, rss_args)
+        return self.packed["train"] if self.training_args.do_train else None, self.packed.get("validation")
+
+    def build_trainer(self, padding_free, **common) -> Trainer:
+        collator = self.masking_collator()
+        common["callbacks"].append(MaskEpochCallback(collator))
+        self.training_args.remove_unused_columns = False  # the collator reads word_starts / mask_seed and drops them
+        if (
+            self.objective == "distill"
+        ):  # finetune/pretrain_distill.py: the student sees Padding Insertion, the teacher not
+            insertion = PaddingInsertionCollator(
+                self.tokenizer, base_collator=collator, **self.distill_args.padding_insertion_options()
+            )
+            teacher = load_teacher(self.distill_args.teacher_name_or_path, cache_dir=self.model_args.cache_dir)
+            return DistillationTrainer(
+                teacher=teacher, distill_args=self.distill_args, data_collator=insertion, **common
+            )
+        if self.objective == "rtd":
+            return RTDTrainer(
+                data_collator=padding_free.collator(collator, MLM_TOKEN_KEYS), compute_metrics=rtd_metrics,
+                preprocess_logits_for_metrics=preprocess_rtd_logits, **common,
+            )  # fmt: skip
+        if self.objective == "rss":  # finetune/pretrain_rss.py
+            if self.rss_args.rss_padding_insertion:
+                options = self.distill_args.padding_insertion_options()
+                rss_collator = RSSPaddingInsertionCollator(self.tokenizer, collator, **options)
+            else:
+                rss_collator = padding_free.collator(collator)
+            self.training_args.label_names = ["start_positions", "end_positions"]  # evaluation reports the head's loss
+            return Trainer(
+                data_collator=rss_collator,
+                compute_metrics=rss_metrics,
+                preprocess_logits_for_metrics=preprocess_span_logits,
+                **common,
+            )
+        return Trainer(
             data_collator=padding_free.collator(collator, MLM_TOKEN_KEYS),
             compute_metrics=compute_mlm_metrics,
             preprocess_logits_for_metrics=preprocess_mlm_logits,
             **common,
         )
 
-    padding_free.attach(trainer)
-    attach(trainer)
+    def masking_collator(self):
+        """RSS's questions, or the masks of MLM (and of rtd and distill), drawn from --seed."""
+        training_args = self.training_args
+        pad_to_multiple_of = 8 if training_args.fp16 or training_args.bf16 else None
+        if self.objective == "rss":
+            return RecurringSpanCollator(
+                self.tokenizer,
+                self.question_token_id,
+                self.rss_args.rss_max_questions,
+                self.rss_args.rss_question_rate,
+                pad_to_multiple_of=pad_to_multiple_of,
+                seed=training_args.seed,
+            )
+        # RTD masks every selected token (the official DeBERTa-v3 data); MLM uses BERT's 80/10/10.
+        replace = {"mask_replace_prob": 1.0, "random_replace_prob": 0.0} if self.objective == "rtd" else {}
+        return MaskingCollator(
+            self.tokenizer,
+            self.data_args.mlm_probability,
+            self.data_args.whole_word_masking,
+            pad_to_multiple_of=pad_to_multiple_of,
+            seed=training_args.seed,
+            **replace,
+        )
 
-    def evaluate() -> dict[str, float]:
-        metrics = trainer.evaluate()
-        if not data_args.streaming:
-            metrics["eval_samples"] = len(packed["validation"])
+    def evaluate(self) -> dict[str, float]:
+        metrics = self.trainer.evaluate()
+        if not self.data_args.streaming:
+            metrics["eval_samples"] = len(self.packed["validation"])
         return metrics
 
-    tasks = {"mlm": "fill-mask", "rss": "question-answering"}.get(objective, "feature-extraction")
-    results = run_stages(
-        trainer,
-        checkpoint,
-        train_samples=None if data_args.streaming else len(packed["train"]),
-        evaluate=evaluate,
-        card={"finetuned_from": model_args.model_name_or_path, "tasks": tasks, "license": model_args.license},
-    )
-    if trainer.is_world_process_zero():
-        logger.info("pre-trained model written to %s", Path(training_args.output_dir).resolve())
-    return results
+
+main = script_main(Pretrain)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -440,11 +430,11 @@ def chain_checkpoints(training_args: TrainingArguments, distill_dir: Path) -> tu
     return None, str(resume), True
 
 
-def distill_then_rss(run: PretrainRun) -> dict[str, float]:
+def distill_then_rss(script: Pretrain) -> dict[str, float]:
     """`--objective distill --rss_after_distill_steps N`: distillation for N steps into output_dir/distill, then RSS
     from the distilled student for the other max_steps - N steps into output_dir. Each stage has its own checkpoints
     and step count; --resume_from_checkpoint True resumes whichever stage was interrupted."""
-    training_args, steps = run.training, run.rss.rss_after_distill_steps
+    training_args, steps = script.training_args, script.rss_args.rss_after_distill_steps
     if not training_args.do_train:
         raise ArgumentError("--rss_after_distill_steps needs --do_train (it chains two training stages)")
     if not 0 < steps < training_args.max_steps:
@@ -460,26 +450,27 @@ def distill_then_rss(run: PretrainRun) -> dict[str, float]:
         distill_training.output_dir, distill_training.max_steps = str(distill_dir), steps
         distill_training.resume_from_checkpoint = distill_checkpoint
         distill_training.push_to_hub = False  # the Hub gets the finished model, the RSS stage's
-        checkpoint = prepare_output_dir(distill_training, run.run.overwrite_output_dir)
+        checkpoint = prepare_output_dir(distill_training, script.run_args.overwrite_output_dir)
         logger.info("stage 1 of 2: distillation for %d steps into %s", steps, distill_dir)
-        metrics = pretrain("distill", run._replace(training=distill_training), checkpoint)
+        metrics = script.replace(training_args=distill_training).run(checkpoint)
         results.update({f"distill_{key}": value for key, value in metrics.items()})
 
     rss_training = copy.deepcopy(training_args)
     rss_training.max_steps = training_args.max_steps - steps
     rss_training.resume_from_checkpoint = rss_checkpoint
-    checkpoint = prepare_output_dir(rss_training, run.run.overwrite_output_dir)
+    checkpoint = prepare_output_dir(rss_training, script.run_args.overwrite_output_dir)
     # the RSS model starts from the distilled student, with its tokenizer (trained in stage 1 where asked)
-    rss_run = run._replace(
-        model=dataclasses.replace(
-            run.model, model_name_or_path=str(distill_dir), config_name=None, model_type=None, config_overrides=None,
-            tokenizer_name=str(distill_dir),
+    rss_script = script.replace(
+        model_args=dataclasses.replace(
+            script.model_args, model_name_or_path=str(distill_dir), config_name=None, model_type=None,
+            config_overrides=None, tokenizer_name=str(distill_dir),
         ),
-        data=dataclasses.replace(run.data, train_tokenizer=None),
-        training=rss_training,
+        data_args=dataclasses.replace(script.data_args, train_tokenizer=None),
+        pretrain_args=dataclasses.replace(script.pretrain_args, objective="rss"),
+        training_args=rss_training,
     )  # fmt: skip
     logger.info("stage 2 of 2: RSS for %d steps into %s", rss_training.max_steps, rss_training.output_dir)
-    results.update(pretrain("rss", rss_run, checkpoint))
+    results.update(rss_script.run(checkpoint))
     return results
 
 

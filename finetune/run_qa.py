@@ -67,25 +67,17 @@ from transformers import (
     PreTrainedTokenizerFast,
     TrainingArguments,
     default_data_collator,
-    set_seed,
 )
 
-from .arguments import ModelArguments, RunArguments, parse_arguments, prepare_output_dir
-from .distributed import attach, exit_on_lost_process, prepare_processes
-from .errors import ArgumentError, BadExamples, DataError, exit_on_data_error
-from .loading import load_config, load_model, load_tokenizer
-from .lora import apply_lora
-from .padding_free import plan_padding_free
+from .arguments import ModelArguments
+from .errors import ArgumentError, BadExamples, DataError
+from .loading import DEFAULT_WINDOW, LITTLEBIRD_WINDOW, load_config, load_model, load_tokenizer, window_length
 from .qa_data import DATA_FORMATS, KORQUAD_MODES, check_examples, hub_examples, load_qa_file
 from .qa_features import postprocess_predictions, prepare_features
 from .qa_trainer import QuestionAnsweringTrainer, score_predictions
-from .reporting import ThroughputCallback, count_tokens, setup_logging
-from .stages import run_stages
+from .script import Script, script_main
 
 logger = logging.getLogger(__name__)
-
-LITTLEBIRD_WINDOW = 4096
-DEFAULT_WINDOW = 512
 
 
 @dataclasses.dataclass
@@ -214,19 +206,6 @@ def load_split(data_args, model_args, run_args, split: str) -> list[dict]:
     return examples[:limit] if limit is not None else examples
 
 
-def window_length(config, requested: int | None) -> int:
-    """Tokens per window: the whole document up to 4096 for LittleBird (any length when asked), 512 for others,
-    never past a model's max_position_embeddings."""
-    if config.model_type == "littlebird":
-        return requested or LITTLEBIRD_WINDOW
-    limit = getattr(config, "max_position_embeddings", None)
-    length = requested or DEFAULT_WINDOW
-    if limit is not None and length > limit:
-        logger.warning("max_seq_length %d is more than the model's %d positions: using %d", length, limit, limit)
-        length = limit
-    return length
-
-
 def check_tokenizer(tokenizer, max_seq_length: int, doc_stride: int) -> None:
     if not isinstance(tokenizer, PreTrainedTokenizerFast) and not getattr(tokenizer, "is_fast", False):
         raise ArgumentError(
@@ -296,96 +275,88 @@ def to_features(
     return dataset, features
 
 
-@exit_on_data_error
-@exit_on_lost_process
-def main(argv: list[str] | None = None) -> dict | None:
-    """Run the script with `argv` (CLI words; None: sys.argv). In-process callers get every metric it reported."""
-    model_args, data_args, run_args, training_args = parse_arguments(
-        (ModelArguments, QADataArguments, RunArguments, TrainingArguments), argv
-    )
-    setup_logging(training_args)
-    checkpoint = prepare_output_dir(training_args, run_args.overwrite_output_dir)
-    set_seed(training_args.seed)
+class QuestionAnswering(Script):
+    """posformers-qa's steps (finetune/script.py runs them)."""
 
-    # All data is read and checked before the model is built, so bad data stops the run at once.
-    splits = {split: load_split(data_args, model_args, run_args, split) for split in wanted_splits(training_args)}
+    data_arguments = QADataArguments
+    task = "question-answering"
 
-    config = load_config(model_args)
-    tokenizer = load_tokenizer(model_args)
-    max_seq_length = window_length(config, data_args.max_seq_length)
-    check_tokenizer(tokenizer, max_seq_length, data_args.doc_stride)
-    question = question_token(config, tokenizer)
-    model = load_model(model_args, config, AutoModelForQuestionAnswering)
-    padding_free = plan_padding_free(
-        run_args.padding_free, model, training_args, pad_to_max_length=data_args.pad_to_max_length
-    )
-    if run_args.lora_r is not None:
+    def load(self):
+        model_args, data_args = self.model_args, self.data_args
+        # All data is read and checked before the model is built, so bad data stops the run at once.
+        self.splits = {
+            split: load_split(data_args, model_args, self.run_args, split)
+            for split in wanted_splits(self.training_args)
+        }
+        config = load_config(model_args)
+        self.tokenizer = load_tokenizer(model_args)
+        self.max_seq_length = window_length(config, data_args.max_seq_length)
+        check_tokenizer(self.tokenizer, self.max_seq_length, data_args.doc_stride)
+        self.question = question_token(config, self.tokenizer)
+        return load_model(model_args, config, AutoModelForQuestionAnswering)
+
+    def lora_arguments(self, model) -> dict:
         # No task_type: peft's PeftModelForQuestionAnswering drops token_type_ids and position_ids (peft 0.21),
         # which would silently break segment embeddings and flattened batches; plain PeftModel passes everything.
-        model = apply_lora(model, model_args, run_args, training_args, None, "AutoModelForQuestionAnswering")
+        return {"task_type": None, "auto_class": "AutoModelForQuestionAnswering"}
 
-    datasets_ = {
-        split: to_features(examples, split, tokenizer, data_args, max_seq_length, training_args, question)
-        for split, examples in splits.items()
-    }
-    normalizer = "triviaqa" if any("aliases" in e for examples in splits.values() for e in examples[:1]) else "squad"
-    collator = padding_free.collator(
-        default_data_collator
-        if data_args.pad_to_max_length
-        else DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None)
-    )
-    eval_examples, eval_features = datasets_.get("validation", (None, None))
-    count_tokens(training_args)
-    prepare_processes(training_args)
-    trainer = QuestionAnsweringTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=datasets_["train"][1] if "train" in datasets_ else None,
-        eval_dataset=eval_features,
-        eval_examples=eval_examples,
-        processing_class=tokenizer,
-        data_collator=collator,
-        postprocess=functools.partial(
-            postprocess_predictions,
-            version_2_with_negative=data_args.version_2_with_negative,
-            n_best_size=data_args.n_best_size,
-            max_answer_length=data_args.max_answer_length,
-            null_score_diff_threshold=data_args.null_score_diff_threshold,
-        ),
-        score=functools.partial(
-            score_predictions, version_2_with_negative=data_args.version_2_with_negative, normalizer=normalizer
-        ),
-        callbacks=[ThroughputCallback()],
-    )
-    padding_free.attach(trainer)
-    attach(trainer)
+    def prepare_datasets(self) -> tuple:
+        self.windows = {
+            split: to_features(
+                examples, split, self.tokenizer, self.data_args, self.max_seq_length, self.training_args, self.question
+            )
+            for split, examples in self.splits.items()
+        }
+        train_features = self.windows["train"][1] if "train" in self.windows else None
+        return train_features, self.windows.get("validation", (None, None))[1]
 
-    def evaluate() -> dict:
-        metrics = {**trainer.evaluate(), "eval_samples": len(eval_examples)}
-        if trainer.is_world_process_zero():  # every process has the answers; one writes them
-            trainer.last_predictions.write(training_args.output_dir, "eval")
+    def build_trainer(self, padding_free, **common) -> QuestionAnsweringTrainer:
+        data_args = self.data_args
+        examples = (example for examples in self.splits.values() for example in examples[:1])
+        normalizer = "triviaqa" if any("aliases" in example for example in examples) else "squad"
+        collator = padding_free.collator(
+            default_data_collator
+            if data_args.pad_to_max_length
+            else DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=self.pad_to_multiple_of)
+        )
+        return QuestionAnsweringTrainer(
+            **common,
+            eval_examples=self.windows.get("validation", (None, None))[0],
+            data_collator=collator,
+            postprocess=functools.partial(
+                postprocess_predictions,
+                version_2_with_negative=data_args.version_2_with_negative,
+                n_best_size=data_args.n_best_size,
+                max_answer_length=data_args.max_answer_length,
+                null_score_diff_threshold=data_args.null_score_diff_threshold,
+            ),
+            score=functools.partial(
+                score_predictions, version_2_with_negative=data_args.version_2_with_negative, normalizer=normalizer
+            ),
+        )
+
+    def evaluate(self) -> dict:
+        eval_examples = self.windows["validation"][0]
+        metrics = {**self.trainer.evaluate(), "eval_samples": len(eval_examples)}
+        self.write_answers("eval")
         return metrics
 
-    def predict() -> dict:
-        test_examples, test_features = datasets_["test"]
-        output = trainer.predict(test_features, test_examples, metric_key_prefix="predict")
-        if trainer.is_world_process_zero():
-            trainer.last_predictions.write(training_args.output_dir, "predict")
+    def predict(self) -> dict:
+        test_examples, test_features = self.windows["test"]
+        output = self.trainer.predict(test_features, test_examples, metric_key_prefix="predict")
+        self.write_answers("predict")
         return {**output.metrics, "predict_samples": len(test_examples)}
 
-    return run_stages(
-        trainer,
-        checkpoint,
-        train_samples=len(datasets_["train"][1]) if "train" in datasets_ else None,
-        evaluate=evaluate,
-        predict=predict,
-        card={
-            "finetuned_from": model_args.model_name_or_path,
-            "tasks": "question-answering",
-            "dataset": data_args.dataset_name,
-            "license": model_args.license,
-        },
-    )
+    def write_answers(self, prefix: str) -> None:
+        """The answers the trainer last predicted, into output_dir (process 0: every process has them)."""
+        if self.trainer.is_world_process_zero():
+            self.trainer.last_predictions.write(self.training_args.output_dir, prefix)
+
+    def card(self) -> dict:
+        return {**super().card(), "dataset": self.data_args.dataset_name}
+
+
+main = script_main(QuestionAnswering)
 
 
 if __name__ == "__main__":

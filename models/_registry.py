@@ -2,18 +2,6 @@
 
 import transformers
 
-from .integrations import hub
-
-
-def _pretrained_base(model_class: type) -> type:
-    """The outermost `PreTrainedModel` subclass in `model_class`'s MRO (e.g. RoFormerPreTrainedModel)."""
-    bases = [
-        cls
-        for cls in model_class.__mro__
-        if issubclass(cls, transformers.PreTrainedModel) and cls is not transformers.PreTrainedModel
-    ]
-    return bases[-1]
-
 
 def register(config_class, auto_map: dict[str, str], module) -> None:
     """Register `config_class` and every head named in `auto_map` with the matching Auto factory.
@@ -21,8 +9,7 @@ def register(config_class, auto_map: dict[str, str], module) -> None:
     auto_map: {"AutoConfig": "configuration_x.XConfig", "AutoModel": "modeling_x.XModel", ...}, the map that
     `save_pretrained` also writes into config.json for trust_remote_code users; `module` holds the model classes.
     Each model class also remembers its Auto class, which makes `save_pretrained` copy the model files beside the
-    weights (and gives the head's pipeline tag to the model card). The heads' `PreTrainedModel` base gets the posformers
-    model card on `push_to_hub` / `save_pretrained(push_to_hub=True)`, see `hub.enable_model_cards`.
+    weights (and gives the head's pipeline tag to the model card).
     """
     transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
     config_class.register_for_auto_class("AutoConfig")
@@ -32,4 +19,3 @@ def register(config_class, auto_map: dict[str, str], module) -> None:
         model_class = getattr(module, target.rsplit(".", 1)[1])
         getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
         model_class.register_for_auto_class(auto_name)
-        hub.enable_model_cards(_pretrained_base(model_class))

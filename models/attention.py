@@ -1,5 +1,5 @@
-"""FlexAttention plumbing shared by the fused kernels of DeBERTa and LittleBird: availability, the choice of
-`attn_implementation` (`FusedKernelChoice`), one compiled kernel per device type, and which devices run its backward."""
+"""FlexAttention plumbing shared by the fused kernels of DeBERTa and LittleBird: the choice of `attn_implementation`
+(`FusedKernelChoice`), one compiled kernel per device type, and which devices run its backward."""
 
 import functools
 from collections.abc import Callable
@@ -7,24 +7,9 @@ from collections.abc import Callable
 import torch
 from transformers.utils import is_torchdynamo_compiling
 
-# posformers' own fused kernels, FlexAttention with the model's position scores inside: DeBERTa reads its c2p/p2c
-# scores from their (L x R) tables in the kernel and masks padding and sequence boundaries per block, so that neither a
-# (B, H, L, L) bias nor an (L, L) index exists. "flex_attention" always means transformers' own FlexAttention kernel,
-# which cannot take a model's relative-position scores.
-FUSED_IMPLEMENTATIONS = ("posformers_fused",)
-
-
-# FlexAttention has a backward only where torch generates its kernels with Triton; on CPU (torch 2.13) it has a
-# forward only, so a training pass there runs the sdpa kernel instead.
+# FlexAttention has a backward only where torch generates its kernels with Triton: on other devices a training pass
+# runs the sdpa kernel instead.
 FLEX_BACKWARD_DEVICES = ("cuda", "xpu", "hpu")
-
-
-def flex_attention_available() -> bool:
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def flex_attention_refusal(model: str, attention: str) -> str:
@@ -61,12 +46,7 @@ class FusedKernelChoice:
                 f"{type(self).__name__}'s attention adds to every score; leave attn_implementation unset or use "
                 "'posformers_fused', the model's own FlexAttention kernel"
             )
-        if requested_attention == "posformers_fused":
-            if not flex_attention_available():
-                raise ValueError(
-                    f"attn_implementation='posformers_fused' needs torch.nn.attention.flex_attention (torch >= 2.5); "
-                    f"this torch is {torch.__version__}"
-                )
+        if requested_attention == "posformers_fused":  # FlexAttention with the model's position scores inside
             return requested_attention
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
@@ -76,10 +56,9 @@ def compiled_flex_attention(device_type: str) -> Callable[..., torch.Tensor]:
     """flex_attention compiled once per process and device type; on CPU the plain function, which runs FlexAttention's
     dense reference implementation (the same score_mod and block mask, the (L x L) scores materialised).
 
-    Not compiled on CPU: inductor's CPU template (torch 2.13) computes wrong numbers where it generates AVX2 code, with
-    no score_mod and no mask at all: flex_attention(q, k, v) with a head size of 8 or 16 and a key length that is not
-    a multiple of 16 (40, 200) is off by ~0.4 or NaN, while its AVX-512 build is exact. A kernel whose result depends on
-    the CPU's instruction set cannot be trusted, and on CPU the sdpa kernel is the faster one anyway."""
+    Not compiled on CPU: inductor's CPU kernel is wrong where it generates AVX2 code and exact with AVX-512
+    (docs/deberta.md); a kernel whose result depends on the CPU's instruction set cannot be trusted, and on CPU the
+    sdpa kernel is the faster one anyway."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if device_type == "cpu":

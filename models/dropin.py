@@ -1,28 +1,14 @@
-"""posformers inside other libraries: transformers' DeBERTa, DeBERTa-v2 and RoFormer models run on posformers' code
-with one line, and their checkpoints stay as they are.
+"""posformers inside other libraries (docs/drop-in.md): transformers' DeBERTa, DeBERTa-v2 and RoFormer models run on
+posformers' code with one line, and their checkpoints stay as they are.
 
-    import posformers
     posformers.enable()                     # transformers' Auto classes now build posformers' models for
     model = AutoModel.from_pretrained(...)  # "deberta", "deberta-v2" and "roformer" configs
+    model = posformers.optimize(model)      # a model already built (alone or inside another library), in place
 
-    model = posformers.optimize(model)      # a model already built (alone, or inside GLiNER2, sentence-transformers,
-                                            # a PEFT wrapper...) runs on posformers, in place
-
-The classes built here carry transformers' class names (`DebertaV2ForSequenceClassification`, ...), take and keep
-transformers' configs and parameter names, and save transformers' files: a `config.json` with transformers'
-`model_type` and fields, no `auto_map`, no model code. Their outputs equal transformers' at real tokens; per-token
-outputs at padded positions hold zeros, as every posformers model's do.
-
-What stays transformers' code, with one warning line saying why:
-* question answering heads: transformers' span loss reads the logits it computes at padded positions, which
-  posformers does not compute, so the loss of a padded batch would differ;
-* a config posformers refuses (a field it does not implement, such as RoFormer's `add_cross_attention`).
-DeBERTa's masked-LM models keep transformers' head class (`cls.predictions.*` with `legacy=True`, transformers'
-default, or `lm_predictions.lm_head.*`, whose layouts differ from posformers' Enhanced Mask Decoder head) over a
-posformers encoder: the same logits at real tokens, and transformers' state_dict keys.
-
-This module is not part of the files `save_pretrained` copies for `trust_remote_code` users: a drop-in model saves
-no code at all.
+The classes built here carry transformers' class names, take and keep transformers' configs and parameter names, and
+save transformers' files (no `auto_map`, no model code). Question answering heads and configs posformers refuses stay
+transformers' code, with one warning line saying why; DeBERTa's masked-LM models keep transformers' head over a
+posformers encoder. This module is not part of the files `save_pretrained` copies for `trust_remote_code` users.
 """
 
 from __future__ import annotations
@@ -103,21 +89,14 @@ class TransformersFormat:
 
     def to_transformers(self) -> PreTrainedConfig:
         fields = super().to_dict()
-        kept = getattr(self, "_transformers_keys", frozenset())
-        for name in set(fields) - kept:
-            if name in self.posformers_only_fields() or name == "_transformers_keys":
-                fields.pop(name)
+        # Fields posformers declares and transformers' config class does not: written only where the original had them.
+        ours = set(super().__dataclass_fields__) - set(self.transformers_config.__dataclass_fields__)
+        for name in (ours | {"auto_map", "_transformers_keys"}) - getattr(self, "_transformers_keys", frozenset()):
+            fields.pop(name, None)
         fields["model_type"] = self.transformers_config.model_type
         config = self.transformers_config.from_dict(fields)
         config._name_or_path = self._name_or_path
         return config
-
-    @classmethod
-    def posformers_only_fields(cls) -> set[str]:
-        """Fields posformers declares and transformers' config class does not (written only where the original had
-        them), and `auto_map`."""
-        ours = set(super().__dataclass_fields__)
-        return ours - set(cls.transformers_config.__dataclass_fields__) | {"auto_map"}
 
     def to_dict(self) -> dict:
         return self.to_transformers().to_dict()
@@ -228,26 +207,11 @@ class RoFormerDropIn(DropInModel):
             module.weight.copy_(module.create_weight())
 
 
-class HeadOverEncoder:
-    """transformers' head class over a posformers encoder: the model is transformers' class, its base model converted
-    by `optimize` (DeBERTa's masked-LM models)."""
-
-    def __init__(self, transformers_class: type[PreTrainedModel]):
-        self.transformers_class = transformers_class
-        self.__name__ = transformers_class.__name__
-
-    def from_pretrained(self, *args, **kwargs):
-        return optimize(self.transformers_class.from_pretrained(*args, **kwargs))
-
-    def _from_config(self, config, **kwargs):
-        return optimize(self.transformers_class._from_config(config, **kwargs))
-
-
 class Family:
     """One transformers model type and the posformers module that stands in for it."""
 
     def __init__(self, model_type, prefix, module, our_prefix, format_config, mixin, heads):
-        self.model_type, self.prefix = model_type, prefix
+        self.model_type, self.prefix, self.format_config = model_type, prefix, format_config
         self.classes: dict[type, type] = {}  # transformers' class -> drop-in class
         for head in heads:
             theirs = getattr(transformers, prefix + head, None)
@@ -265,41 +229,12 @@ class Family:
             self.classes[theirs] = type(theirs.__name__, (mixin, ours), attributes)
 
 
+DEBERTA_HEADS = ("Model", "ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice")
+ROFORMER_HEADS = (*DEBERTA_HEADS, "ForMaskedLM", "ForCausalLM")
 FAMILIES = (
-    Family(
-        "deberta",
-        "Deberta",
-        modeling_deberta,
-        "Deberta",
-        DebertaV1Format,
-        DropInModel,
-        ("Model", "ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice"),
-    ),
-    Family(
-        "deberta-v2",
-        "DebertaV2",
-        modeling_deberta,
-        "Deberta",
-        DebertaV2Format,
-        DropInModel,
-        ("Model", "ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice"),
-    ),
-    Family(
-        "roformer",
-        "RoFormer",
-        modeling_roformer,
-        "RoFormer",
-        RoFormerFormat,
-        RoFormerDropIn,
-        (
-            "Model",
-            "ForMaskedLM",
-            "ForCausalLM",
-            "ForSequenceClassification",
-            "ForTokenClassification",
-            "ForMultipleChoice",
-        ),
-    ),
+    Family("deberta", "Deberta", modeling_deberta, "Deberta", DebertaV1Format, DropInModel, DEBERTA_HEADS),
+    Family("deberta-v2", "DebertaV2", modeling_deberta, "Deberta", DebertaV2Format, DropInModel, DEBERTA_HEADS),
+    Family("roformer", "RoFormer", modeling_roformer, "RoFormer", RoFormerFormat, RoFormerDropIn, ROFORMER_HEADS),
 )
 DROP_IN: dict[type, type] = {theirs: ours for family in FAMILIES for theirs, ours in family.classes.items()}
 # transformers' classes that keep their head and run a posformers encoder (see the module's docstring)
@@ -317,13 +252,11 @@ def _warn_kept(transformers_class: type, reason: str) -> None:
 
 
 def stand_in_for(transformers_class: type, config):
-    """What builds `transformers_class`'s model for `config` while posformers is enabled: its drop-in class, a
-    `HeadOverEncoder`, or transformers' class itself (with a warning saying why)."""
+    """What builds `transformers_class`'s model for `config` while posformers is enabled: its drop-in class, or
+    transformers' class itself (kept with a warning saying why, or a head over an encoder `optimize` converts)."""
     if transformers_class in KEPT:
         _warn_kept(transformers_class, KEPT[transformers_class])
         return transformers_class
-    if transformers_class in HEAD_OVER_ENCODER:
-        return HeadOverEncoder(transformers_class)
     ours = DROP_IN.get(transformers_class)
     if ours is None:
         return transformers_class
@@ -348,11 +281,15 @@ class AutoStandIn:
         stand_in = stand_in_for(self.transformers_class, kwargs.get("config"))
         if "config" in kwargs:
             kwargs["config"] = config_for(stand_in, kwargs["config"])
-        return stand_in.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        return self._over_encoder(stand_in.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs))
 
     def _from_config(self, config, **kwargs):
         stand_in = stand_in_for(self.transformers_class, config)
-        return stand_in._from_config(config_for(stand_in, config), **kwargs)
+        return self._over_encoder(stand_in._from_config(config_for(stand_in, config), **kwargs))
+
+    def _over_encoder(self, model):
+        """DeBERTa's masked-LM models: transformers' head class over a posformers encoder (`optimize` converts it)."""
+        return optimize(model) if self.transformers_class in HEAD_OVER_ENCODER else model
 
 
 def config_for(stand_in, config):
@@ -465,8 +402,8 @@ def _targets(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def _leaf_types() -> tuple[type, ...]:
-    return (nn.Linear, nn.LayerNorm, nn.Embedding, nn.Conv1d)
+# Modules `optimize` moves into posformers' model as they are (a PEFT wrapper around one included).
+LEAF_TYPES = (nn.Linear, nn.LayerNorm, nn.Embedding, nn.Conv1d)
 
 
 def _transplant(new: nn.Module, old: nn.Module) -> None:
@@ -480,7 +417,7 @@ def _transplant(new: nn.Module, old: nn.Module) -> None:
             source = old.get_submodule(path)
         except AttributeError:
             raise ValueError(f"posformers.optimize: {type(old).__name__} has no module {path!r}") from None
-        if isinstance(module, _leaf_types()) and path:
+        if isinstance(module, LEAF_TYPES) and path:
             parent, _, name = path.rpartition(".")
             new.get_submodule(parent).register_module(name, source)
             continue
@@ -562,13 +499,12 @@ def _register_drop_in_configs() -> None:
     """A drop-in model's config (`DebertaV2Format`, ...) given back to an Auto class (`AutoModel.from_config(
     model.config)`, `from_pretrained(..., config=model.config)`) builds the drop-in model, enabled or not: the config
     is posformers' own."""
-    formats = {family.model_type: family_format for family, family_format in zip(FAMILIES, FORMATS, strict=True)}
+    formats = {family.model_type: family.format_config for family in FAMILIES}
     for auto_name, config_class, theirs in _registrations():
         format_config = formats[config_class.model_type]
         getattr(transformers, auto_name).register(format_config, AutoStandIn(theirs, format_config), exist_ok=True)
 
 
-FORMATS = (DebertaV1Format, DebertaV2Format, RoFormerFormat)
 _register_drop_in_configs()
 
 __all__ = ["disable", "enable", "enabled", "is_enabled", "optimize"]

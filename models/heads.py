@@ -1,9 +1,9 @@
 """What the task heads of the three models share: classification over real tokens of packed or padded batches,
 extractive span selection (including Splinter's question-aware span selection, QASS), the multiple-choice reshapes,
-and the generic head classes (`GenericForTokenClassification`, ...) that each model's head classes subclass.
+and the head classes (`EncoderForTokenClassification`, ...) that each model's head classes subclass.
 
-A head learns how its base model's pass was packed from its own inputs (`input_packing`, `run_base_model`): the base
-models return transformers' output types and nothing beside them.
+A head plans its pass once, with its base model's `packing_for`, hands that plan to the base model (`packing=`) and
+reads the same plan for its own outputs (`run_base_model`).
 """
 
 from collections.abc import Callable
@@ -21,7 +21,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import is_torchdynamo_compiling
 
-from .packing import PackedBatch, flattened_restarts, pack_padded, plan_packing, zero_padding
+from .packing import flattened_restarts, pack_padded, zero_padding
 
 
 def per_item_loss(loss: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
@@ -60,20 +60,6 @@ def flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor 
     return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
 
 
-def input_packing(config, input_ids, inputs_embeds, attention_mask, position_ids, kwargs: dict) -> PackedBatch | None:
-    """The packing `plan_packing` gives a head's inputs (call it after the base model, which has checked them and
-    returns transformers' output types only). Where the base model's own pass
-    ruled packing out (output_attentions), a padded batch may be packed here: the heads' outputs on it are the same
-    either way (per-token outputs hold zeros at padding on both paths); packed, token heads skip padded positions.
-    A decoder (`config.is_decoder`) runs padded and reads left-padded rows' restarting position_ids as given."""
-    if getattr(config, "is_decoder", False):
-        return None
-    reference = input_ids if input_ids is not None else inputs_embeds
-    cu_seq_lens = kwargs.get("cu_seq_lens_q", kwargs.get("cu_seq_lens_k"))
-    shape = tuple(reference.shape[:2])
-    return plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, device=reference.device)
-
-
 def run_base_model(
     head,
     input_ids,
@@ -85,9 +71,11 @@ def run_base_model(
     output_hidden_states,
     kwargs: dict,
 ):
-    """A head's pass through its base model (`head.base_model`, with return_dict=True): its outputs, and the packing
-    they come in (`input_packing`), which the heads read."""
-    outputs = head.base_model(
+    """A head's pass through its base model: one plan (`packing_for`, which takes a flattened batch's keywords out of
+    `kwargs`), the pass on that plan with return_dict=True, and both back, as the head reads the plan too."""
+    base = head.base_model
+    packing = base.packing_for(input_ids, inputs_embeds, attention_mask, position_ids, output_attentions, kwargs)
+    outputs = base(
         input_ids,
         attention_mask=attention_mask,
         token_type_ids=token_type_ids,
@@ -95,10 +83,11 @@ def run_base_model(
         inputs_embeds=inputs_embeds,
         output_attentions=output_attentions,
         output_hidden_states=output_hidden_states,
+        packing=packing,
         return_dict=True,
         **kwargs,
     )
-    return outputs, input_packing(head.config, input_ids, inputs_embeds, attention_mask, position_ids, kwargs)
+    return outputs, packing
 
 
 def run_on_real_tokens(
@@ -354,23 +343,12 @@ class OnlyMLMHead(nn.Module):
         return self.predictions(sequence_output)
 
 
-class MaskedLMDecoderEmbeddings:
-    """`get_output_embeddings` / `set_output_embeddings` for a masked-LM model whose prediction head (by default
-    BERT's `self.cls.predictions`, else what `prediction_head` returns) holds the decoder as `decoder` and its bias as
-    `bias`, where transformers' defaults (which look for `lm_head`) find nothing. Inherit it before the model's
-    `PreTrainedModel` base."""
-
-    def prediction_head(self) -> nn.Module:
-        return self.cls.predictions
-
-    def get_output_embeddings(self):
-        return self.prediction_head().decoder
-
-    def set_output_embeddings(self, new_embeddings):
-        head = self.prediction_head()
-        head.decoder = new_embeddings
-        if new_embeddings.bias is not None:
-            head.bias = new_embeddings.bias
+def replace_decoder(prediction_head: nn.Module, new_embeddings: nn.Module) -> None:
+    """`set_output_embeddings` of a masked-LM head that holds its decoder as `decoder` and its bias as `bias` (where
+    transformers' default, which looks for `lm_head`, finds nothing)."""
+    prediction_head.decoder = new_embeddings
+    if new_embeddings.bias is not None:
+        prediction_head.bias = new_embeddings.bias
 
 
 def head_output(output_class, base_outputs, config, return_dict, **fields):
@@ -380,27 +358,67 @@ def head_output(output_class, base_outputs, config, return_dict, **fields):
     return maybe_tuple(output_class(**fields), return_dict, config)
 
 
+def flatten_choice_batch(
+    head: nn.Module, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs: dict
+) -> tuple[int, dict]:
+    """A multiple-choice batch (batch, num_choices, seq_len) as one batch of (batch * num_choices) sequences: the
+    number of choices and the base model's inputs. A flattened batch (restarting position_ids) has no choices to
+    compare and is refused."""
+    attention_mask, position_ids = flatten_choices(attention_mask), flatten_choices(position_ids)
+    refuse_flattened(head, position_ids, attention_mask, kwargs)
+    num_choices = count_choices(head, input_ids, inputs_embeds)
+    inputs = dict(
+        input_ids=flatten_choices(input_ids),
+        attention_mask=attention_mask,
+        token_type_ids=flatten_choices(token_type_ids),
+        position_ids=position_ids,
+        inputs_embeds=flatten_choices(inputs_embeds, dims=3),
+    )
+    return num_choices, inputs
+
+
+def choice_loss(logits: torch.Tensor, labels, num_items_in_batch=None) -> torch.Tensor | None:
+    """Cross-entropy over the choices (transformers' loss mapping has no multiple-choice entry)."""
+    if labels is None:
+        return None
+    return per_item_loss(F.cross_entropy(logits, labels.to(logits.device)), labels, num_items_in_batch)
+
+
+class ClassificationHead(nn.Module):
+    """Dropout, dense, activation, dropout and projection on the first token's states (RoBERTa's classification head):
+    (sequences, hidden) -> (sequences, num_outputs). activation: a name in ACT2FN, or "hidden_act" for the model's
+    own (transformers' RoFormer)."""
+
+    def __init__(self, config, num_outputs: int, activation: str = "tanh"):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.out_proj = nn.Linear(config.hidden_size, num_outputs)
+        self.act = ACT2FN[config.hidden_act if activation == "hidden_act" else activation]
+
+    def forward(self, first_token_states: torch.Tensor) -> torch.Tensor:
+        states = self.dropout(self.act(self.dense(self.dropout(first_token_states))))
+        return self.out_proj(states)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
-# Generic heads. Each model's head class is a thin subclass, `class RoFormerForTokenClassification(
-# GenericForTokenClassification, RoFormerPreTrainedModel): ...`; its pretrained class names its `base_model_class`,
-# built under its `base_model_prefix`: module names, and so state-dict keys, are those of a head written out in full.
+# The head classes. A model's head is `class RoFormerForTokenClassification(EncoderForTokenClassification,
+# RoFormerPreTrainedModel): ...`: the head class builds the base model (its pretrained class's `base_model_class`,
+# under `base_model_prefix`) and the head's modules, under the names checkpoints use, and writes the forward. A model
+# whose head reads something else writes that head in its own file with the functions above.
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class LabelledHead:
-    """The forward of the heads that take `labels`: one pass through the base model (`run_base_model`), `head_logits`
-    on its outputs, `head_loss` where labels are given, all in the class's `output_class`."""
+class EncoderForTokenClassification:
+    """Token classification: dropout and a linear classifier on every real token (BERT's head)."""
 
-    output_class: type
-    # a head that reads every layer's states (DeBERTa's Enhanced Mask Decoder) asks the base model for them, and
-    # returns them only where they were requested
-    reads_hidden_states = False
-
-    def head_logits(self, outputs, packing: PackedBatch | None, attention_mask, position_ids) -> torch.Tensor:
-        raise NotImplementedError
-
-    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
-        raise NotImplementedError
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
 
     def forward(
         self,
@@ -414,42 +432,132 @@ class LabelledHead:
         output_hidden_states=None,
         return_dict=None,
         **kwargs,
-    ):
-        if output_hidden_states is None:
-            output_hidden_states = self.config.output_hidden_states
+    ) -> TokenClassifierOutput | tuple:
         inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        all_states = output_hidden_states or self.reads_hidden_states
-        outputs, packing = run_base_model(self, *inputs, output_attentions, all_states, kwargs)
-        logits = self.head_logits(outputs, packing, attention_mask, position_ids)
-        loss = self.head_loss(logits, labels, attention_mask, **kwargs) if labels is not None else None
-        hidden_states = outputs.hidden_states if output_hidden_states else None
-        fields = dict(loss=loss, logits=logits, hidden_states=hidden_states)
-        return head_output(self.output_class, outputs, self.config, return_dict, **fields)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        logits = run_on_real_tokens(
+            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, packing, attention_mask
+        )
+        loss = self.loss_function(logits, labels, self.config, **kwargs) if labels is not None else None
+        return head_output(TokenClassifierOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
 
 
-class GenericForTokenClassification(LabelledHead):
-    """Token classification: dropout and a linear classifier on every real token (BERT's head)."""
+class EncoderForSequenceClassification:
+    """Sequence classification: `ClassificationHead` on each sequence's first token, transformers' loss for the
+    config's problem_type. `classifier_activation`: the head's activation (see `ClassificationHead`)."""
 
-    output_class = TokenClassifierOutput
+    classifier_activation = "tanh"
 
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
         setattr(self, self.base_model_prefix, self.base_model_class(config))
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = ClassificationHead(config, config.num_labels, self.classifier_activation)
         self.post_init()
 
-    def head_logits(self, outputs, packing, attention_mask, position_ids) -> torch.Tensor:
-        return run_on_real_tokens(
-            lambda states: self.classifier(self.dropout(states)), outputs.last_hidden_state, packing, attention_mask
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        logits = self.classifier(first_token_states(outputs.last_hidden_state, packing))
+        loss = None
+        if labels is not None:
+            # transformers' regression and multi-label losses are means that ignore num_items_in_batch: all are taken
+            # as means, then divided by it alike
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+            loss = per_item_loss(loss, labels, kwargs.get("num_items_in_batch"))
+        return head_output(SequenceClassifierOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
+
+
+class EncoderForMultipleChoice:
+    """Multiple choice: the choices of (batch, num_choices, seq_len) inputs run as one batch of sequences, each
+    scored by `ClassificationHead` on its first token."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
+        self.classifier = ClassificationHead(config, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput | tuple:
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        num_choices, choices = flatten_choice_batch(self, *inputs, kwargs)
+        outputs = self.base_model(
+            **choices,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
         )
+        logits = self.classifier(outputs.last_hidden_state[:, 0]).view(-1, num_choices)
+        loss = choice_loss(logits, labels, kwargs.get("num_items_in_batch"))
+        return head_output(MultipleChoiceModelOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
 
-    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
-        return self.loss_function(logits, labels, self.config, **kwargs)
+
+class EncoderForMaskedLM:
+    """Masked language modelling with BERT's head at `self.cls` (`OnlyMLMHead` over the model's
+    `prediction_head_class`), run on the real tokens only."""
+
+    prediction_head_class: type
+
+    def __init__(self, config):
+        super().__init__(config)
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
+        self.cls = OnlyMLMHead(self.prediction_head_class(config))
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        replace_decoder(self.cls.predictions, new_embeddings)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, packing = run_base_model(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        logits = run_on_real_tokens(self.cls, outputs.last_hidden_state, packing, attention_mask)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return head_output(MaskedLMOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
 
 
-class GenericForQuestionAnswering:
+class EncoderForQuestionAnswering:
     """Extractive QA: start and end logits per token. Where an attention_mask is given, the logits at padded
     positions are `torch.finfo(dtype).min` (in every `unpad_inputs` mode), so padding never wins and the loss does
     not depend on it. A flattened batch gets (num_sequences, longest sequence) logits, one row per sequence, and
@@ -502,7 +610,7 @@ class GenericForQuestionAnswering:
         )
 
 
-class GenericForQuestionSpanSelection:
+class EncoderForQuestionSpanSelection:
     """Question-aware span selection (Splinter's QASS head), the model of recurring span selection pre-training: each
     [QUESTION] token of a passage points at the start and end of its answer span.
 
@@ -565,107 +673,3 @@ class GenericForQuestionSpanSelection:
             start_logits=start_logits,
             end_logits=end_logits,
         )
-
-
-class ClassificationHead(nn.Module):
-    """Dropout, dense, activation, dropout and projection on the first token's states (RoBERTa's classification head;
-    transformers' RoFormer's with the model's activation): (sequences, hidden) -> (sequences, num_outputs)."""
-
-    def __init__(self, config, num_outputs: int, activation: str = "tanh"):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.out_proj = nn.Linear(config.hidden_size, num_outputs)
-        self.act = ACT2FN[activation]
-
-    def forward(self, first_token_states: torch.Tensor) -> torch.Tensor:
-        states = self.dropout(self.act(self.dense(self.dropout(first_token_states))))
-        return self.out_proj(states)
-
-
-class FirstTokenClassifier:
-    """What the sequence-level heads classify: `classify` maps first-token states (sequences, hidden) to scores, by
-    default with `self.classifier`; a model whose head reads more (a pooler, a dropout) overrides it."""
-
-    def classify(self, first_token_states: torch.Tensor) -> torch.Tensor:
-        return self.classifier(first_token_states)
-
-
-class GenericForSequenceClassification(FirstTokenClassifier, LabelledHead):
-    """Sequence classification on each sequence's first token. The model's class builds its base model and the
-    modules `classify` reads; the loss is transformers' (`self.loss_function`) unless the class overrides
-    `head_loss`."""
-
-    output_class = SequenceClassifierOutput
-
-    def head_logits(self, outputs, packing, attention_mask, position_ids) -> torch.Tensor:
-        return self.classify(first_token_states(outputs.last_hidden_state, packing))
-
-    def head_loss(self, logits, labels, attention_mask, num_items_in_batch=None, **kwargs) -> torch.Tensor:
-        # transformers' regression and multi-label losses are means that ignore num_items_in_batch: all are taken as
-        # means, then divided by it alike
-        loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
-        return per_item_loss(loss, labels, num_items_in_batch)
-
-
-class GenericForMultipleChoice(FirstTokenClassifier):
-    """Multiple choice: the choices of (batch, num_choices, seq_len) inputs run as one batch of sequences, each scored
-    by `score_choices`; a flattened batch has no choices to compare and is refused. The model's class builds its base
-    model and the modules `score_choices` reads."""
-
-    def score_choices(self, hidden_states: torch.Tensor, attention_mask) -> torch.Tensor:
-        """(batch * num_choices, L, hidden) final states -> (batch * num_choices, 1): `classify` on the first token."""
-        return self.classify(hidden_states[:, 0])
-
-    def choice_inputs(self) -> dict:
-        """Extra keyword arguments of the base model's pass over the choices."""
-        return {}
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MultipleChoiceModelOutput | tuple:
-        # (1, N) or (1, 1, N) inputs with restarting position_ids: a flattened batch, which has no choices to compare
-        attention_mask, position_ids = flatten_choices(attention_mask), flatten_choices(position_ids)
-        refuse_flattened(self, position_ids, attention_mask, kwargs)
-        num_choices = count_choices(self, input_ids, inputs_embeds)
-        outputs = self.base_model(
-            flatten_choices(input_ids),
-            attention_mask=attention_mask,
-            token_type_ids=flatten_choices(token_type_ids),
-            position_ids=position_ids,
-            inputs_embeds=flatten_choices(inputs_embeds, dims=3),
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **self.choice_inputs(),
-            **kwargs,
-        )
-        logits = self.score_choices(outputs.last_hidden_state, attention_mask).view(-1, num_choices)
-        # transformers' loss mapping has no multiple-choice entry (its heads write this loss out too)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits, labels.to(logits.device))
-            loss = per_item_loss(loss, labels, kwargs.get("num_items_in_batch"))
-        return head_output(MultipleChoiceModelOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
-
-
-class GenericForMaskedLM(MaskedLMDecoderEmbeddings, LabelledHead):
-    """Masked language modelling with BERT's head at `self.cls` (`OnlyMLMHead`), run on the real tokens only."""
-
-    output_class = MaskedLMOutput
-
-    def head_logits(self, outputs, packing, attention_mask, position_ids) -> torch.Tensor:
-        return run_on_real_tokens(self.cls, outputs.last_hidden_state, packing, attention_mask)
-
-    def head_loss(self, logits, labels, attention_mask, **kwargs) -> torch.Tensor:
-        return self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)

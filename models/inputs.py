@@ -2,7 +2,6 @@
 line naming the argument, before anything reaches a kernel."""
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 from transformers.utils import is_torchdynamo_compiling
@@ -118,50 +117,3 @@ def check_inputs(
             )
     check_index_ranges(checks)
     return shape
-
-
-class EncoderInputs(NamedTuple):
-    """A bare encoder's tensor arguments, as `forward` takes them."""
-
-    input_ids: torch.Tensor | None
-    attention_mask: torch.Tensor | None
-    token_type_ids: torch.Tensor | None
-    position_ids: torch.Tensor | None
-    inputs_embeds: torch.Tensor | None
-
-
-class EncoderForward:
-    """The forward of a bare encoder model: transformers' arguments, the output flags resolved from the config, the
-    inputs checked by `check_inputs` with the model's `input_rules()`, then the model's `encode`, which also takes
-    every other keyword argument (RoFormer's KV cache, a flattened batch's cu_seq_lens, ...) and whose output comes
-    back as a tuple where `return_dict` is off."""
-
-    def input_rules(self) -> dict:
-        """`check_inputs`' arguments beside the inputs: dtype, embedding_size, and the model's check_mask and
-        position_limit."""
-        raise NotImplementedError
-
-    def encode(self, shape, inputs: EncoderInputs, output_attentions: bool, output_hidden_states: bool, **kwargs):
-        """The pass over checked inputs of (batch, seq_len) `shape`; a ModelOutput."""
-        raise NotImplementedError
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ):
-        config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        return_dict = return_dict if return_dict is not None else config.return_dict
-        inputs = EncoderInputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        shape = check_inputs(config, inputs._asdict(), **self.input_rules())
-        output = self.encode(shape, inputs, output_attentions, output_hidden_states, **kwargs)
-        return output if return_dict else output.to_tuple()

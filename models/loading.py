@@ -1,15 +1,11 @@
-"""One-line errors for weight files that are not what they claim, around transformers' `from_pretrained`.
+"""One-line errors for weight files that are not what they claim, around transformers' `from_pretrained`
+(`checked_from_pretrained`; the cases are listed in docs/reliability.md, "Corrupt and hostile files").
 
 transformers loads the weights; nothing here loads them again. When loading fails, `explain_load_error` looks at the
-checkpoint's files (the local folder, or the Hub files already in the cache) and, if it finds the cause, returns a
-`CheckpointError` (an OSError; for a tensor of the wrong shape also the RuntimeError transformers raises) whose message
-names the file and the problem: a truncated or corrupted safetensors file, a shard index that is not JSON or names a
-missing shard, a tensor of the wrong shape, a pickle that would run code. After a load, `check_loaded_dtypes` refuses
-a floating-point weight stored as integers or booleans, which transformers would silently cast. Only safetensors
-headers are read (the 8-byte length and the JSON after it), never tensor data.
-
-This file imports only torch and transformers, like the modeling file that uses it: `save_pretrained` copies it
-beside the weights for `trust_remote_code` users.
+checkpoint's files (the local folder, or the Hub files already in the cache) and returns a `CheckpointError` naming
+the file and the problem; after a load, `check_loaded_dtypes` refuses a floating-point weight stored as integers or
+booleans, which transformers would silently cast. Only safetensors headers are read, never tensor data. Imports only
+torch and transformers: `save_pretrained` copies this file beside the weights for `trust_remote_code` users.
 """
 
 from __future__ import annotations
@@ -31,8 +27,11 @@ PICKLE_INDEX = "pytorch_model.bin.index.json"
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"})
 # A safetensors header above this is refused by the library itself ("header too large").
 MAX_HEADER_BYTES = 100_000_000
-# The keyword arguments of `from_pretrained` that say where its files are.
-_LOCATION_KWARGS = ("cache_dir", "revision", "subfolder", "token")
+
+
+def _location(kwargs: dict) -> dict:
+    """The keyword arguments of `from_pretrained` that say where its files are."""
+    return {key: kwargs[key] for key in ("cache_dir", "revision", "subfolder", "token") if kwargs.get(key) is not None}
 
 
 class CheckpointError(OSError):
@@ -53,8 +52,7 @@ def local_file(name_or_path, filename: str, kwargs: dict) -> str | None:
         path = os.path.join(name_or_path, kwargs.get("subfolder") or "", filename)
         return path if os.path.isfile(path) else None
     try:
-        location = {key: kwargs[key] for key in _LOCATION_KWARGS if kwargs.get(key) is not None}
-        return cached_file(name_or_path, filename, local_files_only=True, **location)
+        return cached_file(name_or_path, filename, local_files_only=True, **_location(kwargs))
     except Exception:  # not in the cache, or not a repo id: there is nothing local to look at
         return None
 
@@ -66,22 +64,17 @@ def weight_files(name_or_path, kwargs: dict) -> list[str]:
     """
     for index_name, single_name in ((SAFETENSORS_INDEX, SAFETENSORS_WEIGHTS), (PICKLE_INDEX, PICKLE_WEIGHTS)):
         if (index := local_file(name_or_path, index_name, kwargs)) is not None:
-            return indexed_files(index, name_or_path, kwargs)
+            shards = list(dict.fromkeys(weight_map(index).values()))
+            files = [local_file(name_or_path, shard, kwargs) for shard in shards]
+            if missing := [shard for shard, file in zip(shards, files) if file is None]:
+                raise CheckpointError(
+                    f"{index} names {len(missing)} shard(s) that are not there: {', '.join(missing)} "
+                    f"({len(shards) - len(missing)} of {len(shards)} present); download the checkpoint again"
+                )
+            return files
         if (single := local_file(name_or_path, single_name, kwargs)) is not None:
             return [single]
     return []
-
-
-def indexed_files(index: str, name_or_path, kwargs: dict) -> list[str]:
-    """The shards a `*.index.json` names, all present; else a CheckpointError naming the index and what is wrong."""
-    shards = list(dict.fromkeys(weight_map(index).values()))
-    files = [local_file(name_or_path, shard, kwargs) for shard in shards]
-    if missing := [shard for shard, file in zip(shards, files) if file is None]:
-        raise CheckpointError(
-            f"{index} names {len(missing)} shard(s) that are not there: {', '.join(missing)} "
-            f"({len(shards) - len(missing)} of {len(shards)} present); download the checkpoint again"
-        )
-    return files
 
 
 def weight_map(index: str) -> dict[str, str]:
@@ -183,14 +176,18 @@ def explain_load_error(model_class, name_or_path, kwargs: dict, error: Exception
             return _shape_mismatch(model_class, name_or_path, kwargs, headers)
         except Exception:  # the config or the model cannot be built: the original error says more
             return None
-    for file in (file for file in files if not file.endswith(".safetensors")):
-        if (reason := _unreadable_pickle(file)) is not None:
+    for file in files:
+        problem = _load_error(file)
+        if problem is None or isinstance(problem, pickle.UnpicklingError):  # readable, or refused: not unreadable
+            continue
+        reason = next((line.strip() for line in str(problem).splitlines() if line.strip()), type(problem).__name__)
+        if "mmap" not in reason:  # a legacy (pre-zip) file cannot be mapped, which is no fault
             return CheckpointError(f"{file}: not a readable PyTorch checkpoint, truncated or corrupted ({reason})")
     return None
 
 
 def _pickle_refusal(files: list[str], error: Exception) -> CheckpointError:
-    unsafe = [file for file in files if not file.endswith(".safetensors") and not _loads_safely(file)]
+    unsafe = [file for file in files if isinstance(_load_error(file), pickle.UnpicklingError)]
     found = re.search(r"GLOBAL (\S+)", str(error))
     what = f"it calls {found.group(1)}" if found else "it holds more than tensors"
     return CheckpointError(
@@ -200,33 +197,21 @@ def _pickle_refusal(files: list[str], error: Exception) -> CheckpointError:
     )
 
 
-def _unreadable_pickle(path: str) -> str | None:
-    """Why torch cannot read the (weights-only) pickle at `path`, or None when it can."""
+def _load_error(path: str) -> Exception | None:
+    """What torch raises reading the pickle at `path` weights-only (an UnpicklingError: it refuses it), or None."""
+    if path.endswith(".safetensors"):
+        return None
     try:
         torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mapped: nothing is read into memory
-    except pickle.UnpicklingError:
-        return None  # readable, but refused: _pickle_refusal's case
     except Exception as error:
-        reason = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        return None if "mmap" in reason else reason  # a legacy (pre-zip) file cannot be mapped, which is no fault
+        return error
     return None
-
-
-def _loads_safely(path: str) -> bool:
-    try:
-        torch.load(path, map_location="meta", weights_only=True, mmap=True)
-    except pickle.UnpicklingError:
-        return False
-    except Exception:  # unreadable for another reason: not the file that was refused
-        return True
-    return True
 
 
 def _shape_mismatch(model_class, name_or_path, kwargs: dict, headers: dict[str, dict]) -> CheckpointShapeError:
     config = kwargs.get("config")
     if not hasattr(config, "to_dict"):
-        location = {key: kwargs[key] for key in _LOCATION_KWARGS if kwargs.get(key) is not None}
-        config = model_class.config_class.from_pretrained(config or name_or_path, **location)
+        config = model_class.config_class.from_pretrained(config or name_or_path, **_location(kwargs))
     with torch.device("meta"):
         expected = model_class(config).state_dict()
     prefix = model_class.base_model_prefix
@@ -263,19 +248,17 @@ def check_loaded_dtypes(model, name_or_path, kwargs: dict) -> None:
                 )
 
 
-class CheckedLoadingMixin:
-    """`from_pretrained` with the checks above, for a `PreTrainedModel` to inherit before `PreTrainedModel`: weights
-    that are not what they claim (a truncated or corrupted safetensors file, a shard index naming a missing shard, a
-    tensor of the wrong shape or dtype, a pickle that would run code) end in one `CheckpointError` naming the file and
-    the problem, not in a traceback from inside safetensors or torch."""
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        try:
-            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        except Exception as error:
-            if (problem := explain_load_error(cls, pretrained_model_name_or_path, kwargs, error)) is None:
-                raise
-            raise problem from None
-        check_loaded_dtypes(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path, kwargs)
-        return loaded
+def checked_from_pretrained(load, cls, pretrained_model_name_or_path, *model_args, **kwargs):
+    """`load(pretrained_model_name_or_path, *model_args, **kwargs)`, `load` being the `super().from_pretrained` of a
+    model class `cls`, with the checks above: weights that are not what they claim (a truncated or corrupted
+    safetensors file, a shard index naming a missing shard, a tensor of the wrong shape or dtype, a pickle that would
+    run code) end in one `CheckpointError` naming the file and the problem, not in a traceback from inside safetensors
+    or torch. Each model's `PreTrainedModel.from_pretrained` calls it."""
+    try:
+        loaded = load(pretrained_model_name_or_path, *model_args, **kwargs)
+    except Exception as error:
+        if (problem := explain_load_error(cls, pretrained_model_name_or_path, kwargs, error)) is None:
+            raise
+        raise problem from None
+    check_loaded_dtypes(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path, kwargs)
+    return loaded

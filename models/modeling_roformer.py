@@ -1,20 +1,15 @@
 """PyTorch RoFormer (Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding").
 
-Reads top to bottom in the order data flows: rotary math, embeddings, attention, layer, encoder, pre-trained base,
-base model, heads; then `convert_rope_layout`, a tool on whole models. Parameter names are those of transformers'
-RoFormer, so HF-format checkpoints load unchanged.
-
-This file imports only torch, transformers and its sibling modules (configuration, packing, inputs, heads, layers,
-loading): `save_pretrained` copies them to the Hub for `trust_remote_code` users.
+In the order of transformers' modeling_roformer.py: embeddings, rotary embedding, attention, layer, encoder, pre-trained
+base, base model, heads, then `convert_rope_layout`. Parameter names are transformers' RoFormer's, so its checkpoints
+load unchanged. The attention computations, padded or padding-free, are in roformer_kernels.py.
 """
 
 import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -27,43 +22,65 @@ from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
     CausalLMOutputWithCrossAttentions,
+    MultipleChoiceModelOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torchdynamo_compiling, logging
+from transformers.utils.generic import can_return_tuple
 
 from .configuration_roformer import RoFormerConfig
 from .heads import (
-    ClassificationHead,
-    GenericForMaskedLM,
-    GenericForMultipleChoice,
-    GenericForQuestionAnswering,
-    GenericForQuestionSpanSelection,
-    GenericForSequenceClassification,
-    GenericForTokenClassification,
-    MaskedLMDecoderEmbeddings,
+    EncoderForMaskedLM,
+    EncoderForQuestionAnswering,
+    EncoderForQuestionSpanSelection,
+    EncoderForSequenceClassification,
+    EncoderForTokenClassification,
     OnlyMLMHead,
+    choice_loss,
     first_token_states,
-    maybe_tuple,
+    flatten_choice_batch,
     refuse_flattened,
 )
-from .inputs import EncoderForward
+from .hub_methods import HubMethods
+from .inputs import check_inputs
 from .layers import Intermediate, ResidualOutput, TokenEmbeddings
-from .loading import CheckedLoadingMixin
-from .packing import (
-    PackedBatch,
-    grouped_attention,
-    keep_states,
-    plan_packing,
-    pop_cu_seq_lens,
-    state_shower,
-    zero_padding,
-)
+from .packing import PackedBatch, keep_states, plan_packing, pop_cu_seq_lens, state_shower, zero_padding
+from .roformer_kernels import linear_attention_forward, softmax_attention
 
 logger = logging.get_logger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Rotary position embedding: small pure functions
+# Embeddings
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RoFormerRMSNorm(nn.Module):
+    """RoFormer-v2's norm: x / sqrt(mean(x^2) + eps), with no learnable gain or bias."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        variance = hidden_states.float().pow(2).mean(-1, keepdim=True)
+        return (hidden_states.float() * torch.rsqrt(variance + self.eps)).to(hidden_states.dtype)
+
+
+def make_norm(config: RoFormerConfig, size: int) -> nn.Module:
+    if config.norm_type == "rms_norm":
+        return RoFormerRMSNorm(config.layer_norm_eps)
+    return nn.LayerNorm(size, eps=config.layer_norm_eps, bias=config.use_bias)
+
+
+class RoFormerEmbeddings(TokenEmbeddings):
+    """Word and token-type embeddings; positions enter through rotation inside attention, not here."""
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__(config, config.embedding_size, make_norm(config, config.embedding_size))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rotary position embedding: pure functions, and the module holding the cos/sin tables
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -131,9 +148,9 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float =
 
 
 def expand_cos_sin(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lay the (..., r/2) tables out over the r rotated features, with the sign of each rotation folded into sin.
+    """Lay the (..., r/2) tables out over the r rotated features, with the sign of each rotation folded into sin, so
+    that each projection pays one swap, one multiply and one fused multiply-add.
 
-    Done once per forward so that each projection pays one swap, one multiply and one fused multiply-add.
     "interleaved": cos -> [c0, c0, c1, c1, ...], sin -> [-s0, s0, -s1, s1, ...];
     "half":        cos -> [c0 .. c_{r/2-1}, c0 .. c_{r/2-1}], sin -> [-s0 .. -s_{r/2-1}, s0 .. s_{r/2-1}].
     """
@@ -147,8 +164,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
 
     x: (B, L, H, D), the projection's own layout; cos, sin: (B or 1, L, 1, r) from `expand_cos_sin`.
     "interleaved" rotates feature pairs (2i, 2i+1), as RoFormer and GPT-J do; "half" rotates (i, i + r/2), as
-    GPT-NeoX and LLaMA do:
-    x'_a = x_a cos - x_b sin, x'_b = x_b cos + x_a sin for each pair (a, b).
+    GPT-NeoX and LLaMA do: x'_a = x_a cos - x_b sin, x'_b = x_b cos + x_a sin for each pair (a, b).
     """
     r = cos.shape[-1]
     rot = x[..., :r]
@@ -163,30 +179,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
     return torch.cat((rotated, x[..., r:]), dim=-1)
 
 
-def rope_layout_permutation(head_dim: int, rotary_dim: int, source: str, target: str) -> torch.Tensor:
-    """Index `p` with `x_target = x_source[..., p]` for one head: moves rotation pairs between layouts.
-
-    interleaved -> half puts the even features of the rotary part first, then the odd ones; half -> interleaved is
-    the inverse. Features past `rotary_dim` are left in place.
-    """
-    if source == target:
-        return torch.arange(head_dim)
-    to_half = torch.cat((torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)))
-    perm = to_half if target == "half" else torch.argsort(to_half)
-    return torch.cat((perm, torch.arange(rotary_dim, head_dim)))
-
-
 class RoFormerRotaryEmbedding(nn.Module):
-    """cos/sin tables for the rotary embedding.
-
-    Positions up to `max_position_embeddings` come from a cached, non-persistent table: computed here, so that a model
-    built without weight initialisation has it, and again in `_init_weights`, so that a model created on the meta
-    device by `from_pretrained` gets real values; longer inputs and dynamic NTK scaling compute theirs on the fly.
-
-    Called as transformers' rotary embeddings are, `rotary_emb(x, position_ids)` gives cos and sin; the model itself
-    calls `rotation`, which lays them out for `apply_rotary`. `inv_freq` holds the frequencies of the last call (for
-    dynamic NTK scaling, those of the longest input seen so far), as transformers' modules hold theirs.
-    """
+    """cos/sin tables for the rotary embedding. Positions below `max_position_embeddings` read a non-persistent table,
+    built here and again in `_init_weights` (a model created on the meta device by `from_pretrained` gets real values);
+    longer inputs and dynamic NTK scaling compute theirs. `rotary_emb(x, position_ids)` is transformers' rotary call
+    (`inv_freq` follows it as transformers' modules do); the model calls `for_pass`."""
 
     def __init__(self, config: RoFormerConfig):
         super().__init__()
@@ -211,9 +208,8 @@ class RoFormerRotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """transformers' rotary call: cos and sin at `position_ids` (B or 1, L), each (B or 1, L, rotary_dim) in x's
-        dtype and on its device, every frequency repeated over the pair of features it rotates as `rope_layout` places
-        them ("half": transformers' own layout), YaRN's attention factor included."""
+        """cos and sin at `position_ids` (B or 1, L), each (B or 1, L, rotary_dim) in x's dtype, every frequency
+        repeated over the pair of features it rotates in `rope_layout`, YaRN's attention factor included."""
         total_length = int(position_ids.max()) + 1 if position_ids.numel() else 0
         cos, sin = self.half_tables(position_ids.to(x.device), total_length, from_table=False)
         if self.dynamic and total_length > self.longest_seen:  # transformers' dynamic modules grow theirs likewise
@@ -227,22 +223,12 @@ class RoFormerRotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def rotation(
-        self,
-        position_ids: torch.Tensor,
-        total_length: int,
-        dtype: torch.dtype,
-        from_table: bool = True,
-        scaling_length: int | None = None,
+        self, position_ids, total_length: int, dtype, from_table: bool = True, scaling_length: int | None = None
     ):
-        """position_ids: (B or 1, L) -> cos, sin of shape (B or 1, L, 1, rotary_dim) in `dtype`, laid out for
-        `apply_rotary` in the config's current `rope_layout`.
-
-        total_length: one past the largest position, padding included (the table serves positions below
-        max_position_embeddings). `from_table=False` computes the values instead: position_ids a caller chose may lie
-        anywhere (negative, or past the table however short the input), and the values are the same.
-        `scaling_length` (default `total_length`): the length dynamic NTK scaling sizes its base for, that of the
-        longest real sequence where padding makes `total_length` longer.
-        """
+        """position_ids: (B or 1, L) -> cos, sin (B or 1, L, 1, rotary_dim) in `dtype`, laid out for `apply_rotary`.
+        total_length: one past the largest position, padding included. `from_table=False` computes the values (as
+        position_ids a caller chose may lie anywhere). scaling_length (default total_length): the length dynamic NTK
+        scaling sizes its base for, the longest real sequence's where padding makes total_length longer."""
         cos, sin = self.half_tables(position_ids, total_length, from_table, scaling_length)
         return expand_cos_sin(cos[:, :, None].to(dtype), sin[:, :, None].to(dtype), self.config.rope_layout)
 
@@ -261,110 +247,35 @@ class RoFormerRotaryEmbedding(nn.Module):
             return self.compute_tables(position_ids, seq_len=scaling_length or total_length)
         return self.cos_cached[position_ids], self.sin_cached[position_ids]
 
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Embeddings
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-class RoFormerRMSNorm(nn.Module):
-    """RoFormer-v2's norm: x / sqrt(mean(x^2) + eps), with no learnable gain or bias."""
-
-    def __init__(self, eps: float):
-        super().__init__()
-        self.eps = eps
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        variance = hidden_states.float().pow(2).mean(-1, keepdim=True)
-        return (hidden_states.float() * torch.rsqrt(variance + self.eps)).to(hidden_states.dtype)
-
-
-def make_norm(config: RoFormerConfig, size: int) -> nn.Module:
-    if config.norm_type == "rms_norm":
-        return RoFormerRMSNorm(config.layer_norm_eps)
-    return nn.LayerNorm(size, eps=config.layer_norm_eps, bias=config.use_bias)
-
-
-class RoFormerEmbeddings(TokenEmbeddings):
-    """Word and token-type embeddings; positions enter through rotation inside attention, not here."""
-
-    def __init__(self, config: RoFormerConfig):
-        super().__init__(config, config.embedding_size, make_norm(config, config.embedding_size))
+    def for_pass(self, hidden_states, position_ids, attention_mask, past_length: int, packing):
+        """`rotation` for a pass's tokens, hidden_states (B, L, d) or (1, N, d) packed. Default positions follow the
+        cache (each sequence's own when packed) and come from the table. Dynamic NTK scaling sizes its base for the
+        longest real sequence, read from the real tokens (not while compiling or exporting, which read no values)."""
+        seq_len = hidden_states.shape[1]
+        from_table = position_ids is None
+        if position_ids is None and packing is not None:
+            position_ids = packing.position_ids()
+        elif position_ids is None:
+            position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
+        total_length = scaling_length = packing.width if packing is not None else past_length + seq_len
+        if self.dynamic and not (is_torchdynamo_compiling() or torch.compiler.is_exporting()):
+            real_positions = position_ids
+            if packing is None and attention_mask is not None and attention_mask.dim() == 2:
+                real_tokens = attention_mask[:, -seq_len:].bool()
+                real_positions = position_ids.expand_as(real_tokens)[real_tokens.to(position_ids.device)]
+            if real_positions.numel():
+                scaling_length = int(real_positions.max()) + 1
+        return self.rotation(position_ids, total_length, hidden_states.dtype, from_table, scaling_length)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Attention: softmax and linear kernels, padded or per sequence on packed (1, N) tokens
+# Attention, layer and encoder
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    is_causal: bool | None = None,
-    **kwargs,
-):
-    """Plain softmax attention. query: (B, H, Lq, D), key/value: (B, H, Lk, D) -> ((B, Lq, H, D), (B, H, Lq, Lk)).
-
-    Accepts the masks built for "eager" (additive float) and for "sdpa" (boolean, or None for causal attention:
-    `is_causal`, else the module's), so `output_attentions=True` can fall back to it whatever the configured backend
-    is.
-    """
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    min_value = torch.finfo(scores.dtype).min
-    if attention_mask is not None and attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask, min_value)
-    elif attention_mask is not None:
-        scores = scores + attention_mask
-    elif (is_causal if is_causal is not None else getattr(module, "is_causal", False)) and query.shape[2] > 1:
-        q_len, k_len = query.shape[2], key.shape[2]
-        future = torch.ones(q_len, k_len, dtype=torch.bool, device=scores.device).triu(k_len - q_len + 1)
-        scores = scores.masked_fill(future, min_value)
-    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
-    return output, weights
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """phi(x) = elu(x) + 1 > 0, the feature map of the RoFormer paper's linear attention (Katharopoulos et al.)."""
-    return F.elu(x) + 1.0
-
-
-def linear_attention(
-    query_features, key_features, rotated_query, rotated_key, value, key_padding_mask, causal, need_weights
-):
-    """RoFormer eq. (19): sum_n (R_m phi(q_m))^T (R_n phi(k_n)) v_n / sum_n phi(q_m)^T phi(k_n).
-
-    The rotation enters the numerator only; the denominator uses the unrotated (positive) features, so it stays > 0.
-    *_features / rotated_*: (B, H, L, D); value: (B, H, Lk, D); key_padding_mask: (B, Lk) bool or None (True = real).
-    Without a causal mask the cost is linear in length (keys summarised into a D x D state); a causal or
-    weight-returning call uses the equivalent quadratic form. Returns ((B, Lq, H, D), weights or None).
-    """
-    if key_padding_mask is not None:
-        keep = key_padding_mask[:, None, :, None].to(key_features.dtype)
-        key_features, rotated_key, value = key_features * keep, rotated_key * keep, value * keep
-    if not causal and not need_weights:
-        kv_state = torch.einsum("bhld,bhle->bhde", rotated_key, value)  # (B, H, D, D)
-        numerator = torch.matmul(rotated_query, kv_state)
-        denominator = torch.matmul(query_features, key_features.sum(dim=2, keepdim=True).transpose(2, 3))
-        output = numerator / denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
-        return output.transpose(1, 2).contiguous(), None
-    numerator_scores = torch.matmul(rotated_query, rotated_key.transpose(2, 3))
-    denominator_scores = torch.matmul(query_features, key_features.transpose(2, 3))
-    if causal:
-        q_len, k_len = query_features.shape[2], key_features.shape[2]
-        visible = torch.ones(q_len, k_len, dtype=torch.bool, device=query_features.device).tril(k_len - q_len)
-        numerator_scores = numerator_scores * visible
-        denominator_scores = denominator_scores * visible
-    denominator = denominator_scores.sum(-1, keepdim=True).clamp_min(torch.finfo(denominator_scores.dtype).tiny)
-    weights = numerator_scores / denominator
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
-    return output, (weights if need_weights else None)
+    return nn.functional.elu(x) + 1.0
 
 
 class RoFormerSelfAttention(nn.Module):
@@ -385,160 +296,29 @@ class RoFormerSelfAttention(nn.Module):
         self.linear_kernel = config.attention_kernel == "linear"
         self.layer_idx = layer_idx
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        key_padding_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        output_attentions: bool = False,
-        is_causal: bool | None = None,
-        packing: PackedBatch | None = None,
-        **kwargs,
-    ):
-        """hidden_states: (B, L, hidden), or (1, N, hidden) packed tokens when `packing` is given (padding-free path:
-        rotation from the packed position_ids, then attention per sequence)."""
-        batch_size, seq_len, _ = hidden_states.shape
+    def forward(self, hidden_states, attention_plan, position_embeddings, is_causal=None, **kwargs):
+        """hidden_states: (B, L, hidden), or (1, N, hidden) packed tokens where `attention_plan` is the packing, else
+        the padded pass's mask (`padded_attention_mask`) -> context (B, L, hidden), weights or None."""
         is_causal = self.is_causal if is_causal is None else is_causal
-        head_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
-        # Rotation runs in the projections' (B, L, H, D) layout; the attention kernels get (B, H, L, D) views of it,
-        # the strides sdpa's CPU kernel is fastest with.
+        head_shape = (*hidden_states.shape[:2], self.num_heads, self.head_dim)
+        # Rotation runs in the projections' (B, L, H, D) layout; the kernels get (B, H, L, D) views of it, the strides
+        # sdpa's CPU kernel is fastest with.
         query = self.query(hidden_states).view(head_shape)
         key = self.key(hidden_states).view(head_shape)
         value = self.value(hidden_states).view(head_shape)
         cos, sin = position_embeddings
-
-        if self.linear_kernel:
-            if packing is not None:
-                return self._packed_linear_forward(query, key, value, cos, sin, packing), None
-            return self._linear_forward(
-                query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions, is_causal
-            )
-
-        query = apply_rotary(query, cos, sin, self.config.rope_layout).transpose(1, 2)  # (B, H, L, D)
-        key = apply_rotary(key, cos, sin, self.config.rope_layout).transpose(1, 2)
+        layout = self.config.rope_layout
         if self.rotary_value:
-            value = apply_rotary(value, cos, sin, self.config.rope_layout)
-        value = value.transpose(1, 2)
-        if packing is not None:
-            return self._packed_forward(query, key, value, packing, **kwargs), None
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
-
-        implementation = self.config._attn_implementation
-        if output_attentions and implementation != "eager":
-            if implementation not in ("sdpa", None):
-                raise ValueError(
-                    f"output_attentions=True needs attn_implementation 'eager' or 'sdpa', not {implementation!r}"
-                )
-            implementation = "eager"  # the masks built for sdpa are understood by eager_attention_forward
-        attention_interface: Callable = eager_attention_forward
-        if implementation not in (None, "eager"):
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        dropout = self.attention_dropout if self.training else 0.0
-        context, weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            scaling=self.scaling,
-            dropout=dropout,
-            is_causal=is_causal,
-            **kwargs,
-        )
-        return context.reshape(batch_size, seq_len, -1), weights
-
-    def _packed_forward(self, query, key, value, packing: PackedBatch, **kwargs) -> torch.Tensor:
-        """Softmax attention of each sequence over its own tokens. query/key/value: (1, H, N, D) packed, rotated ->
-        (1, N, H * D). A flash-attention implementation takes the packed row with the sequences' boundaries
-        (varlen); the others attend length groups of sequences as padded batches with a boolean key mask (sdpa
-        kernels where the implementation is not eager)."""
-        implementation = self.config._attn_implementation or "eager"
-        dropout = self.attention_dropout if self.training else 0.0
-        if "flash" in implementation and packing.num_tokens:  # no tokens (a batch of padding): the grouped path
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-            varlen = packing.varlen_kwargs()
-            context, _ = attention_interface(
-                self,
-                query,
-                key,
-                value,
-                None,
-                scaling=self.scaling,
-                dropout=dropout,
-                is_causal=False,
-                **varlen,
-                **kwargs,
-            )
-            return context.flatten(2)
-        attention_interface = eager_attention_forward
-        if implementation != "eager":
-            attention_interface = ALL_ATTENTION_FUNCTIONS["sdpa"]
-
-        def attend(group, group_query, group_key, group_value):  # (rows, width, H, D) each
-            context, _ = attention_interface(
-                self,
-                group_query.transpose(1, 2),
-                group_key.transpose(1, 2),
-                group_value.transpose(1, 2),
-                group.key_mask[:, None, None, :],
-                scaling=self.scaling,
-                dropout=dropout,
-                is_causal=False,
-            )
-            return context
-
-        # (1, N, H, D) -> (1, N, H * D); N may be 0 (a batch of padding only)
-        return grouped_attention(packing, attend, *(t.transpose(1, 2) for t in (query, key, value))).flatten(2)
-
-    def _packed_linear_forward(self, query, key, value, cos, sin, packing: PackedBatch) -> torch.Tensor:
-        """Linear attention of each sequence over its own tokens: the key summary of eq. (19) is per sequence, so
-        each length group is attended as a padded batch with its key mask. (1, N, H, D) packed -> (1, N, H * D)."""
-        query_features, key_features = elu_feature_map(query), elu_feature_map(key)
-        rotated_query = apply_rotary(query_features, cos, sin, self.config.rope_layout)
-        rotated_key = apply_rotary(key_features, cos, sin, self.config.rope_layout)
-        if self.rotary_value:
-            value = apply_rotary(value, cos, sin, self.config.rope_layout)
-
-        def attend(group, *padded):  # (rows, width, H, D) each
-            context, _ = linear_attention(
-                *(t.transpose(1, 2) for t in padded), group.key_mask, causal=False, need_weights=False
-            )
-            return context
-
-        packed = (query_features, key_features, rotated_query, rotated_key, value)
-        return grouped_attention(packing, attend, *packed).flatten(2)
-
-    def _linear_forward(
-        self, query, key, value, cos, sin, key_padding_mask, past_key_values, output_attentions, is_causal
-    ):
-        batch_size, seq_len, _, head_dim = query.shape
-        query_features, key_features = elu_feature_map(query), elu_feature_map(key)
-        rotated_query = apply_rotary(query_features, cos, sin, self.config.rope_layout)
-        rotated_key = apply_rotary(key_features, cos, sin, self.config.rope_layout)
-        if self.rotary_value:
-            value = apply_rotary(value, cos, sin, self.config.rope_layout)
-        query_features, key_features, rotated_query, rotated_key, value = (
-            t.transpose(1, 2) for t in (query_features, key_features, rotated_query, rotated_key, value)
-        )
-        if past_key_values is not None:
-            # The cache keeps rotated and plain key features side by side: the numerator needs one, the denominator
-            # the other.
-            both, value = past_key_values.update(torch.cat((rotated_key, key_features), -1), value, self.layer_idx)
-            rotated_key, key_features = both.split(head_dim, dim=-1)
-        context, weights = linear_attention(
-            query_features,
-            key_features,
-            rotated_query,
-            rotated_key,
-            value,
-            key_padding_mask,
-            causal=is_causal and seq_len > 1,
-            need_weights=output_attentions,
-        )
-        return context.reshape(batch_size, seq_len, -1), weights
+            value = apply_rotary(value, cos, sin, layout)
+        if self.linear_kernel:  # eq. (19): the rotation enters the numerator's features only
+            query, key = elu_feature_map(query), elu_feature_map(key)
+            states = (query, key, apply_rotary(query, cos, sin, layout), apply_rotary(key, cos, sin, layout), value)
+        else:
+            states = (apply_rotary(query, cos, sin, layout), apply_rotary(key, cos, sin, layout), value)
+        attention = linear_attention_forward if self.linear_kernel else softmax_attention
+        states = (t.transpose(1, 2) for t in states)
+        context, weights = attention(self, *states, attention_plan, is_causal=is_causal, **kwargs)
+        return context.flatten(2), weights
 
 
 class RoFormerAttention(nn.Module):
@@ -547,14 +327,9 @@ class RoFormerAttention(nn.Module):
         self.self = RoFormerSelfAttention(config, layer_idx=layer_idx)
         self.output = ResidualOutput(config, config.hidden_size, config.use_bias, make_norm(config, config.hidden_size))
 
-    def forward(self, hidden_states, attention_mask, position_embeddings, **kwargs):
-        context, weights = self.self(hidden_states, attention_mask, position_embeddings, **kwargs)
+    def forward(self, hidden_states, attention_plan, position_embeddings, **kwargs):
+        context, weights = self.self(hidden_states, attention_plan, position_embeddings, **kwargs)
         return self.output(context, hidden_states), weights
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Layer and encoder
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 class RoFormerLayer(GradientCheckpointingLayer):
@@ -566,8 +341,8 @@ class RoFormerLayer(GradientCheckpointingLayer):
             config, config.intermediate_size, config.use_bias, make_norm(config, config.hidden_size)
         )
 
-    def forward(self, hidden_states, attention_mask, position_embeddings, **kwargs):
-        attention_output, weights = self.attention(hidden_states, attention_mask, position_embeddings, **kwargs)
+    def forward(self, hidden_states, attention_plan, position_embeddings, **kwargs):
+        attention_output, weights = self.attention(hidden_states, attention_plan, position_embeddings, **kwargs)
         layer_output = self.output(self.intermediate(attention_output), attention_output)
         return layer_output, weights
 
@@ -581,7 +356,7 @@ class RoFormerEncoder(nn.Module):
     def forward(
         self,
         hidden_states,
-        attention_mask,
+        attention_plan,
         position_embeddings,
         output_attentions=False,
         output_hidden_states=False,
@@ -596,7 +371,7 @@ class RoFormerEncoder(nn.Module):
         all_attentions = () if output_attentions else None
         for layer_module in self.layer:
             hidden_states, weights = layer_module(
-                hidden_states, attention_mask, position_embeddings, output_attentions=output_attentions, **kwargs
+                hidden_states, attention_plan, position_embeddings, output_attentions=output_attentions, **kwargs
             )
             if output_hidden_states:
                 shown, hidden_states = show_states(hidden_states)
@@ -613,7 +388,7 @@ class RoFormerEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class RoFormerPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
+class RoFormerPreTrainedModel(HubMethods, PreTrainedModel):
     config_class = RoFormerConfig
     config: RoFormerConfig
     base_model_prefix = "roformer"
@@ -634,7 +409,7 @@ class RoFormerPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
 
     @property
     def base_model_class(self) -> type:
-        """The base model that heads.py's generic heads build under `base_model_prefix`."""
+        """The base model that heads.py's heads build under `base_model_prefix`."""
         return RoFormerModel
 
     @torch.no_grad()
@@ -646,60 +421,38 @@ class RoFormerPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
             init.zeros_(module.bias)
 
 
-def check_attention_mask(
-    attention_mask: torch.Tensor, shape: tuple[int, int], *, past_length: int | None, config: RoFormerConfig
-) -> None:
-    """RoFormer's mask rule, checked once the KV cache is known. A 2D mask is (batch, cached + new tokens); a 4D one
-    (batch or 1, 1 or heads, new tokens, keys): with a cache (`past_length` not None) at least cached + new keys, as a
-    static cache's mask spans its whole length; without one exactly the new tokens. Linear attention takes the 2D mask
-    only."""
-    keys = (past_length or 0) + shape[1]
-    num_heads = config.num_attention_heads
-    if attention_mask.dim() == 2:
-        if tuple(attention_mask.shape) != (shape[0], keys):
-            raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)} but the input needs {(shape[0], keys)} "
-                f"(batch, cached + new tokens)"
-            )
-        return
-    if attention_mask.dim() != 4:
+def check_attention_mask(attention_mask, shape: tuple[int, int], *, past_length: int | None, config) -> None:
+    """RoFormer's mask rule: 2D (batch, cached + new tokens), or 4D (batch or 1, 1 or heads, new tokens, keys) with
+    exactly the new tokens' keys without a cache, at least cached + new ones with one (`past_length` not None: a static
+    cache's mask spans its whole length). Linear attention takes the 2D mask only."""
+    keys, num_heads, size = (past_length or 0) + shape[1], config.num_attention_heads, tuple(attention_mask.shape)
+    if len(size) == 2 and size != (shape[0], keys):
         raise ValueError(
-            f"attention_mask must be 2D (batch, seq_len) or 4D (batch, 1, q_len, kv_len), got "
-            f"{tuple(attention_mask.shape)}"
+            f"attention_mask has shape {size} but the input needs {(shape[0], keys)} (batch, cached + new tokens)"
         )
-    if (
-        attention_mask.shape[0] not in (1, shape[0])
-        or attention_mask.shape[1] not in (1, num_heads)
-        or attention_mask.shape[2] != shape[1]
-        or attention_mask.shape[3] < keys
-        or (past_length is None and attention_mask.shape[3] != keys)
+    if len(size) not in (2, 4):
+        raise ValueError(f"attention_mask must be 2D (batch, seq_len) or 4D (batch, 1, q_len, kv_len), got {size}")
+    if len(size) == 4 and (
+        size[0] not in (1, shape[0])
+        or size[1] not in (1, num_heads)
+        or size[2] != shape[1]
+        or size[3] < keys
+        or (past_length is None and size[3] != keys)
     ):
         kv_len = f"kv_len >= {keys}" if past_length is not None else f"kv_len={keys}"
         raise ValueError(
             f"a 4D attention_mask must have shape (batch={shape[0]} or 1, 1 or heads={num_heads}, "
-            f"q_len={shape[1]}, {kv_len}), got {tuple(attention_mask.shape)}"
+            f"q_len={shape[1]}, {kv_len}), got {size}"
         )
-    if config.attention_kernel == "linear":
+    if len(size) == 4 and config.attention_kernel == "linear":
         raise ValueError(
             "attention_kernel='linear' takes a 2D attention_mask (batch, seq_len) of real tokens; a 4D mask "
             "cannot be applied to linear attention"
         )
 
 
-def decoder_cache(config: RoFormerConfig, past_key_values: Cache | None, use_cache: bool | None):
-    """The KV cache a pass reads and extends, and whether it returns it: a decoder creates a DynamicCache when
-    `use_cache` (default `config.use_cache`) asks for one and none is given; an encoder has none."""
-    if not config.is_decoder:
-        return None, False
-    use_cache = use_cache if use_cache is not None else config.use_cache
-    if use_cache and past_key_values is None:
-        past_key_values = DynamicCache(config=config)
-    return past_key_values, use_cache
-
-
-# transformers 5.24 renamed the KV cache of its masking and generation functions, model inputs and outputs from
-# `past_key_values` to `cache` (the old name warns until its removal in 5.40): the masks take it positionally, and
-# inputs and outputs use whichever name the installed version has.
+# Newer transformers name the KV cache of masking and generation functions, model inputs and outputs `cache` (the old
+# `past_key_values` warns): the masks take it positionally, and inputs and outputs use the installed version's name.
 _OUTPUT_FIELDS = BaseModelOutputWithPastAndCrossAttentions.__dataclass_fields__
 CACHE_FIELD = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
 
@@ -711,36 +464,21 @@ def kv_cache(kwargs: dict, default: Cache | None = None, pop: bool = False) -> C
     return next((c for c in (cache, legacy) if c is not None), default)
 
 
-def real_position_extent(position_ids: torch.Tensor, real_tokens: torch.Tensor | None, fallback: int) -> int:
-    """One past the largest position a real token holds: the sequence length dynamic NTK scaling sizes its base for,
-    read from the real tokens so that padding columns do not change the outputs. position_ids: (B or 1, L);
-    real_tokens: (B, L) bool, or None when every token is real. `fallback` while compiling or exporting (no values
-    are read) or when no token is real."""
-    if is_torchdynamo_compiling() or torch.compiler.is_exporting():
-        return fallback
-    if real_tokens is not None:
-        position_ids = position_ids.expand_as(real_tokens)[real_tokens.to(position_ids.device)]
-    return int(position_ids.max()) + 1 if position_ids.numel() else fallback
-
-
 def is_causal_pass(config: RoFormerConfig, past_length: int) -> bool:
     """Whether this forward pass attends causally: always for a decoder, except, with `bidirectional_prompt`
     (junnyu's RoFormerForCausalLM), a pass with nothing cached yet, which reads its tokens bidirectionally."""
     return config.is_decoder and not (config.bidirectional_prompt and past_length == 0)
 
 
-def attention_masks(config: RoFormerConfig, hidden_states, attention_mask, past_key_values, causal: bool):
-    """The mask the softmax kernels take (causal or not as `causal` says, built by transformers' masking utilities
-    for the configured attention implementation) and the (B, L) bool key padding mask linear attention takes, or
-    None."""
-    key_padding_mask = None
-    if attention_mask is not None and attention_mask.dim() == 2:
-        key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
+def padded_attention_mask(config: RoFormerConfig, hidden_states, attention_mask, past_key_values, causal: bool):
+    """The mask a padded pass's attention kernel takes: for linear attention the (B, keys) bool padding mask (or
+    None), for softmax attention the mask transformers' masking utilities build for the configured implementation,
+    causal or not as `causal` says."""
+    if config.attention_kernel == "linear":
+        return None if attention_mask is None else attention_mask.to(device=hidden_states.device, dtype=torch.bool)
     if causal:
-        mask = create_causal_mask(config, hidden_states, attention_mask, past_key_values)
-    else:
-        mask = prompt_mask(config, hidden_states, attention_mask, past_key_values)
-    return mask, key_padding_mask
+        return create_causal_mask(config, hidden_states, attention_mask, past_key_values)
+    return prompt_mask(config, hidden_states, attention_mask, past_key_values)
 
 
 def prompt_mask(config: RoFormerConfig, embeddings, attention_mask, past_key_values):
@@ -754,19 +492,15 @@ def prompt_mask(config: RoFormerConfig, embeddings, attention_mask, past_key_val
 
 @dataclass
 class RoFormerModelOutput(BaseModelOutputWithPastAndCrossAttentions):
-    """transformers' RoFormer output plus `pooler_output` (batch, hidden_size), None unless the model has a pooler.
-
-    `pooler_output` comes last, so `to_tuple()` without a pooler is exactly transformers' RoFormer tuple.
-    """
+    """transformers' RoFormer output plus `pooler_output` (batch, hidden_size), None unless the model has a pooler:
+    last, so that `to_tuple()` without a pooler is transformers' RoFormer tuple."""
 
     pooler_output: torch.FloatTensor | None = None
 
 
 class RoFormerPooler(nn.Module):
     """The first token's final hidden state through a dense layer and `config.pooler_activation` (BERT's pooler).
-
-    RoFormer-sim's sentence vector is this output with `pooler_activation="linear"`.
-    """
+    RoFormer-sim's sentence vector is this output with `pooler_activation="linear"`."""
 
     def __init__(self, config: RoFormerConfig):
         super().__init__()
@@ -774,11 +508,10 @@ class RoFormerPooler(nn.Module):
         self.activation = ACT2FN[config.pooler_activation]
 
     def forward(self, first_token_states: torch.Tensor) -> torch.Tensor:
-        """first_token_states: (batch or sequences, hidden), as `first_token_states` reads them."""
         return self.activation(self.dense(first_token_states))
 
 
-class RoFormerModel(EncoderForward, RoFormerPreTrainedModel):
+class RoFormerModel(RoFormerPreTrainedModel):
     """The bare RoFormer encoder (or decoder-only stack when `config.is_decoder`), outputting hidden states, and the
     pooled first token (`pooler_output`) when `config.add_pooling_layer` is set."""
 
@@ -795,65 +528,77 @@ class RoFormerModel(EncoderForward, RoFormerPreTrainedModel):
         self.pooler = RoFormerPooler(config) if config.add_pooling_layer else None
         self.post_init()
 
-    def input_rules(self) -> dict:
-        # the mask's shape rule depends on the KV cache, which `encode` resolves first: it checks the mask there
-        return dict(dtype=self.dtype, embedding_size=self.config.embedding_size, check_mask=None)
-
-    def encode(
+    @can_return_tuple
+    def forward(
         self,
-        shape,
-        inputs,
-        output_attentions,
-        output_hidden_states,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         past_key_values: Cache | None = None,
         use_cache: bool | None = None,
-        keep_padding_states: bool = False,
+        packing: PackedBatch | None = None,
         **kwargs,
     ) -> RoFormerModelOutput:
-        """Padded batches run padding-free as `config.unpad_inputs` says; a flattened batch (position_ids restarting
-        at 0 in one row, optionally with DataCollatorWithFlattening's cu_seq_lens_q/k and max_length_q/k) always
-        runs per sequence and returns (1, N, d). A decoder reads and extends `past_key_values` (created when
-        `use_cache`, default `config.use_cache`, asks for one). Per-token outputs hold zeros at the 2D mask's padded
-        positions on every path, unless `keep_padding_states`: that pass runs padded and returns the states it
-        computes there (transformers' RoFormer multiple-choice head reads the last position, padding included)."""
+        """Padded batches run padding-free as `config.unpad_inputs` says (`packing_for`); a flattened batch always
+        runs per sequence and returns (1, N, d). A decoder reads and extends `past_key_values`. Per-token outputs hold
+        zeros at the 2D mask's padded positions on every path, unless `keep_padding_states=True` is passed: that pass
+        runs padded and returns the states it computes there (transformers' RoFormer multiple choice reads them)."""
         config = self.config
-        input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = inputs
-        past_key_values, use_cache = decoder_cache(config, kv_cache(kwargs, past_key_values, pop=True), use_cache)
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        past_key_values = kv_cache(kwargs, past_key_values, pop=True)
+        use_cache = config.is_decoder and (use_cache if use_cache is not None else config.use_cache)
+        if not config.is_decoder:
+            past_key_values = None  # an encoder has no KV cache
+        elif use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=config)
         past_length = past_key_values.get_seq_length() if past_key_values is not None else None
-        if attention_mask is not None:
-            check_attention_mask(attention_mask, shape, past_length=past_length, config=config)
-        past_length = past_length or 0
-        device = (input_ids if input_ids is not None else inputs_embeds).device
-        packing = self.plan_packing(
-            shape, device, attention_mask, position_ids, output_attentions, keep_padding_states, kwargs
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
         )
-        if packing is not None:
+        # the mask's rule depends on the KV cache's length
+        check_mask = functools.partial(check_attention_mask, past_length=past_length, config=config)
+        shape = check_inputs(config, inputs, self.dtype, embedding_size=config.embedding_size, check_mask=check_mask)
+        if packing is None:
+            packing = self.packing_for(
+                input_ids, inputs_embeds, attention_mask, position_ids, output_attentions, kwargs
+            )
+        keep_padding_states = kwargs.pop("keep_padding_states", False)
+        past_length = past_length or 0
+        if packing is not None:  # the real tokens, one sequence after another in a (1, N) row
             input_ids, inputs_embeds, token_type_ids, position_ids = (
                 packing.pack(t.expand(*shape, *t.shape[2:])) if t is not None else None
                 for t in (input_ids, inputs_embeds, token_type_ids, position_ids)
             )
-            kwargs["packing"] = packing
 
         hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         if hasattr(self, "embeddings_project"):
             hidden_states = self.embeddings_project(hidden_states)
-        position_embeddings = self.rotary_embeddings(hidden_states, position_ids, attention_mask, past_length, packing)
+        position_embeddings = self.rotary_emb.for_pass(
+            hidden_states, position_ids, attention_mask, past_length, packing
+        )
         causal = is_causal_pass(config, past_length)
-        mask = key_padding_mask = None
-        if packing is None:
-            mask, key_padding_mask = attention_masks(config, hidden_states, attention_mask, past_key_values, causal)
         if packing is not None:
-            restore = packing.restore
-        elif keep_padding_states or attention_mask is None:
-            restore = lambda states: states  # noqa: E731
+            attention_plan, restore = packing, packing.restore
         else:
-            new_tokens = attention_mask[:, -hidden_states.shape[1] :] if attention_mask.dim() == 2 else None
+            attention_plan = padded_attention_mask(config, hidden_states, attention_mask, past_key_values, causal)
+            new_tokens = None  # zeros at padded positions, as the packed path leaves them
+            if attention_mask is not None and attention_mask.dim() == 2 and not keep_padding_states:
+                new_tokens = attention_mask[:, -shape[1] :]
             restore = functools.partial(zero_padding, attention_mask=new_tokens)
-        encoder_output = self.encoder(
+        encoder_outputs = self.encoder(
             hidden_states,
-            mask,
+            attention_plan,
             position_embeddings,
-            key_padding_mask=key_padding_mask,
             is_causal=causal,
             past_key_values=past_key_values,
             output_attentions=output_attentions,
@@ -861,29 +606,29 @@ class RoFormerModel(EncoderForward, RoFormerPreTrainedModel):
             show_states=state_shower(restore, packing),
             **kwargs,
         )
-        all_hidden_states = encoder_output.hidden_states
-        if all_hidden_states is not None:
-            sequence_output = all_hidden_states[-1]
-        else:
-            sequence_output = restore(encoder_output.last_hidden_state)
-        pooler_output = None
-        if self.pooler is not None:
-            pooler_output = self.pooler(first_token_states(sequence_output, packing))
+        all_hidden_states = encoder_outputs.hidden_states  # in the input's layout already
+        sequence_output = all_hidden_states[-1] if output_hidden_states else restore(encoder_outputs.last_hidden_state)
+        pooler_output = self.pooler(first_token_states(sequence_output, packing)) if self.pooler is not None else None
         return RoFormerModelOutput(
             last_hidden_state=sequence_output,
             pooler_output=pooler_output,
             **{CACHE_FIELD: past_key_values if use_cache else None},
             hidden_states=all_hidden_states,
-            attentions=encoder_output.attentions,
+            attentions=encoder_outputs.attentions,
         )
 
-    def plan_packing(
-        self, shape, device, attention_mask, position_ids, output_attentions, keep_padding_states, kwargs
+    def packing_for(
+        self, input_ids, inputs_embeds, attention_mask, position_ids, output_attentions, kwargs
     ) -> PackedBatch | None:
-        """`plan_packing` for this pass, with what rules packing out here; pops the flattened-batch keywords
-        (`cu_seq_lens_q/k`, `max_length_q/k`) from `kwargs`."""
+        """This pass's `plan_packing`, with what rules packing out for RoFormer: pops the flattened-batch keywords
+        (`cu_seq_lens_q/k`, `max_length_q/k`) from `kwargs` and reads `keep_padding_states` there. A decoder runs
+        padded (None), and refuses a flattened batch."""
         config = self.config
         cu_seq_lens = pop_cu_seq_lens(kwargs)
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is None:  # the base model's input checks say what is wrong
+            return None
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         blocker = None
         if config.is_decoder:
             # A decoder reads restarting position_ids of a padded row as given (`generate` numbers left padding so);
@@ -894,34 +639,14 @@ class RoFormerModel(EncoderForward, RoFormerPreTrainedModel):
         elif output_attentions:
             blocker = "output_attentions=True returns padded (batch, heads, L, L) weights"
         elif (
-            keep_padding_states
+            kwargs.get("keep_padding_states")
             and config.unpad_inputs != "never"
             and attention_mask is not None
             and not bool(attention_mask.bool().all())
         ):
             blocker = "keep_padding_states=True returns the states of padded positions, which only the padded path has"
-        return plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, blocker, device)
-
-    def rotary_embeddings(self, hidden_states, position_ids, attention_mask, past_length: int, packing):
-        """cos and sin for this pass's tokens, hidden_states (B, L, d) or (1, N, d) packed. Default positions follow
-        the cache (each sequence's own when packed) and come from the table; position_ids a caller chose are computed
-        (they may lie anywhere). Dynamic NTK scaling sizes its base for the longest real sequence."""
-        seq_len = hidden_states.shape[1]
-        from_table = position_ids is None
-        if position_ids is None and packing is not None:
-            position_ids = packing.position_ids()
-        elif position_ids is None:
-            position_ids = torch.arange(past_length, past_length + seq_len, device=hidden_states.device)[None]
-        total_length = packing.width if packing is not None else past_length + seq_len
-        scaling_length = None
-        if self.rotary_emb.dynamic:
-            real_tokens = None
-            if packing is None and attention_mask is not None and attention_mask.dim() == 2:
-                real_tokens = attention_mask[:, -seq_len:].bool()
-            scaling_length = real_position_extent(position_ids, real_tokens, total_length)
-        return self.rotary_emb.rotation(
-            position_ids, total_length, hidden_states.dtype, from_table=from_table, scaling_length=scaling_length
-        )
+        shape = tuple(reference.shape[:2])
+        return plan_packing(config, shape, attention_mask, position_ids, cu_seq_lens, blocker, reference.device)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -942,9 +667,7 @@ class RoFormerPredictionHeadTransform(nn.Module):
 
 class RoFormerLMPredictionHead(nn.Module):
     """RoFormer-v1 head: transform (dense, activation, LayerNorm) then the decoder tied to the word embeddings.
-
-    RoFormer-v2 (`norm_type="rms_norm"`) predicts with the tied decoder alone, as its release does.
-    """
+    RoFormer-v2 (`norm_type="rms_norm"`) predicts with the tied decoder alone, as its release does."""
 
     def __init__(self, config: RoFormerConfig):
         super().__init__()
@@ -967,31 +690,27 @@ class RoFormerLMPredictionHead(nn.Module):
         return self.decoder(hidden_states)
 
 
-def _lm_tied_weights_keys(config: RoFormerConfig) -> dict[str, str]:
+@property
+def _lm_tied_weights_keys(self) -> dict[str, str]:
+    """The decoder is the word embeddings; its bias, where the model has biases, the head's `bias`."""
     tied = {"cls.predictions.decoder.weight": "roformer.embeddings.word_embeddings.weight"}
-    if config.use_bias:
+    if self.config.use_bias:
         tied["cls.predictions.decoder.bias"] = "cls.predictions.bias"
     return tied
 
 
-class RoFormerForMaskedLM(GenericForMaskedLM, RoFormerPreTrainedModel):
-    _tied_weights_keys = {
-        "cls.predictions.decoder.weight": "roformer.embeddings.word_embeddings.weight",
-        "cls.predictions.decoder.bias": "cls.predictions.bias",
-    }
+class RoFormerForMaskedLM(EncoderForMaskedLM, RoFormerPreTrainedModel):
+    prediction_head_class = RoFormerLMPredictionHead
+    _tied_weights_keys = _lm_tied_weights_keys
 
     def __init__(self, config: RoFormerConfig):
-        super().__init__(config)
         if config.is_decoder:
             raise ValueError("RoFormerForMaskedLM needs bidirectional attention: set config.is_decoder=False")
-        self._tied_weights_keys = _lm_tied_weights_keys(config)
-        self.roformer = RoFormerModel(config)
-        self.cls = OnlyMLMHead(RoFormerLMPredictionHead(config))
-        self.post_init()
+        super().__init__(config)
 
 
-class RoFormerForCausalLM(MaskedLMDecoderEmbeddings, RoFormerPreTrainedModel, GenerationMixin):
-    _tied_weights_keys = RoFormerForMaskedLM._tied_weights_keys
+class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = _lm_tied_weights_keys
 
     def __init__(self, config: RoFormerConfig):
         super().__init__(config)
@@ -1000,10 +719,17 @@ class RoFormerForCausalLM(MaskedLMDecoderEmbeddings, RoFormerPreTrainedModel, Ge
                 "RoFormerForCausalLM needs causal attention: set config.is_decoder=True "
                 "(e.g. from_pretrained(path, is_decoder=True))"
             )
-        self._tied_weights_keys = _lm_tied_weights_keys(config)
         self.roformer = RoFormerModel(config)
         self.cls = OnlyMLMHead(RoFormerLMPredictionHead(config))
         self.post_init()
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.predictions.decoder = new_embeddings
+        if new_embeddings.bias is not None:
+            self.cls.predictions.bias = new_embeddings.bias
 
     def prepare_inputs_for_generation(self, input_ids, *args, **kwargs):
         model_inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
@@ -1024,22 +750,23 @@ class RoFormerForCausalLM(MaskedLMDecoderEmbeddings, RoFormerPreTrainedModel, Ge
             return create_masks_for_generate(config, inputs_embeds, attention_mask, cache, **kwargs)
         return prompt_mask(config, inputs_embeds, attention_mask, cache)
 
+    @can_return_tuple
     def forward(
         self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        past_key_values=None,
-        labels=None,
-        use_cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
-    ) -> CausalLMOutputWithCrossAttentions | tuple:
+    ) -> CausalLMOutputWithCrossAttentions:
         refuse_flattened(self, position_ids, attention_mask, kwargs)
         outputs = self.roformer(
             input_ids,
@@ -1062,23 +789,17 @@ class RoFormerForCausalLM(MaskedLMDecoderEmbeddings, RoFormerPreTrainedModel, Ge
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        result = CausalLMOutputWithCrossAttentions(
+        return CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,
             **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-        return maybe_tuple(result, return_dict, self.config)
 
 
-class RoFormerForSequenceClassification(GenericForSequenceClassification, RoFormerPreTrainedModel):
-    def __init__(self, config: RoFormerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.roformer = RoFormerModel(config)
-        self.classifier = ClassificationHead(config, config.num_labels, config.hidden_act)
-        self.post_init()
+class RoFormerForSequenceClassification(EncoderForSequenceClassification, RoFormerPreTrainedModel):
+    classifier_activation = "hidden_act"  # transformers' RoFormer classifies with the model's activation
 
 
 class RoFormerSequenceSummary(nn.Module):
@@ -1099,7 +820,7 @@ class RoFormerSequenceSummary(nn.Module):
         return (hidden_states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
-class RoFormerForMultipleChoice(GenericForMultipleChoice, RoFormerPreTrainedModel):
+class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
     """Multiple choice on each choice's `RoFormerSequenceSummary` (`config.summary_type`)."""
 
     def __init__(self, config: RoFormerConfig):
@@ -1109,29 +830,59 @@ class RoFormerForMultipleChoice(GenericForMultipleChoice, RoFormerPreTrainedMode
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 
-    def choice_inputs(self) -> dict:
-        # the last position of a padded choice is a padding token, whose state transformers' RoFormer classifies
-        return {"keep_padding_states": self.config.summary_type == "last"}
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput:
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        num_choices, choices = flatten_choice_batch(self, *inputs, kwargs)
+        outputs = self.roformer(
+            **choices,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            # the last position of a padded choice is a padding token, whose state transformers' RoFormer classifies
+            keep_padding_states=self.config.summary_type == "last",
+            **kwargs,
+        )
+        summary = self.sequence_summary(outputs.last_hidden_state, choices["attention_mask"])
+        logits = self.classifier(summary).view(-1, num_choices)
+        loss = choice_loss(logits, labels, kwargs.get("num_items_in_batch"))
+        return MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
 
-    def score_choices(self, hidden_states: torch.Tensor, attention_mask) -> torch.Tensor:
-        return self.classifier(self.sequence_summary(hidden_states, attention_mask))
+
+class RoFormerForTokenClassification(EncoderForTokenClassification, RoFormerPreTrainedModel): ...
 
 
-class RoFormerForTokenClassification(GenericForTokenClassification, RoFormerPreTrainedModel): ...
+class RoFormerForQuestionAnswering(EncoderForQuestionAnswering, RoFormerPreTrainedModel): ...
 
 
-class RoFormerForQuestionAnswering(GenericForQuestionAnswering, RoFormerPreTrainedModel): ...
+class RoFormerForQuestionSpanSelection(EncoderForQuestionSpanSelection, RoFormerPreTrainedModel): ...
 
 
-class RoFormerForQuestionSpanSelection(GenericForQuestionSpanSelection, RoFormerPreTrainedModel): ...
+def rope_layout_permutation(head_dim: int, rotary_dim: int, source: str, target: str) -> torch.Tensor:
+    """Index `p` with `x_target = x_source[..., p]` for one head: interleaved -> half puts the even rotary features
+    first, then the odd ones; half -> interleaved is the inverse; features past `rotary_dim` stay in place."""
+    if source == target:
+        return torch.arange(head_dim)
+    to_half = torch.cat((torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)))
+    perm = to_half if target == "half" else torch.argsort(to_half)
+    return torch.cat((perm, torch.arange(rotary_dim, head_dim)))
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Converting a model between rotary layouts
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def convert_rope_layout(model: "RoFormerPreTrainedModel", target_layout: str) -> "RoFormerPreTrainedModel":
+def convert_rope_layout(model: RoFormerPreTrainedModel, target_layout: str) -> RoFormerPreTrainedModel:
     """Convert a RoFormer model in place between the "interleaved" and "half" rotary layouts; outputs are unchanged.
 
     Rotation acts on feature pairs; the layouts only differ in which features form a pair. Permuting the output rows
@@ -1147,17 +898,15 @@ def convert_rope_layout(model: "RoFormerPreTrainedModel", target_layout: str) ->
     perm = (heads + perm_one_head[None, :]).flatten()
     with torch.no_grad():
         for module in model.modules():
-            if not isinstance(module, RoFormerSelfAttention):
+            if not isinstance(module, RoFormerAttention):
                 continue
-            projections = [module.query, module.key] + ([module.value] if config.rotary_value else [])
-            for linear in projections:
+            attention = module.self
+            for linear in [attention.query, attention.key] + ([attention.value] if config.rotary_value else []):
                 linear.weight.copy_(linear.weight[perm])
                 if linear.bias is not None:
                     linear.bias.copy_(linear.bias[perm])
-        if config.rotary_value:
-            for module in model.modules():
-                if isinstance(module, RoFormerAttention):
-                    module.output.dense.weight.copy_(module.output.dense.weight[:, perm])
+            if config.rotary_value:
+                module.output.dense.weight.copy_(module.output.dense.weight[:, perm])
     config.rope_layout = target_layout
     return model
 

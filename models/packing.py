@@ -2,15 +2,14 @@
 per sequence in groups of similar length.
 
 A model runs padding-free when `plan_packing` returns a `PackedBatch`: from a right-padded batch (`pack_padded`) or from
-transformers' flattened format (`pack_flattened`, one row whose position_ids restart at 0 per sequence). Per-pass state
-that depends only on the packing and a model's settings (relative-position tables, block layouts) is memoised on the
-PackedBatch with `PackedBatch.memo`, so every layer of one pass reuses it.
+transformers' flattened format (`pack_flattened`, one row whose position_ids restart at 0 per sequence).
 """
 
+from __future__ import annotations
+
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +28,6 @@ class PackedBatch:
     cu_seqlens: (rows + 1,) int32, where each sequence starts in the packed row (flash-attention's varlen layout).
     lengths: the rows' lengths as Python ints (0 for a row that is all padding).
     flattened: the input came flattened, so outputs stay (1, N, ...) instead of going back to (rows, width, ...).
-    memos: per-pass state built from this packing, see `memo`.
     """
 
     indices: torch.Tensor
@@ -37,7 +35,8 @@ class PackedBatch:
     lengths: list[int]
     width: int
     flattened: bool = False
-    memos: dict = field(default_factory=dict, repr=False, compare=False)
+    # `groups(multiple_of)` by multiple_of: built by the first layer of a pass that attends in groups
+    _groups: dict[int, list[AttentionGroup]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def rows(self) -> int:
@@ -89,17 +88,12 @@ class PackedBatch:
             first = first.masked_fill(empty.view(-1, *[1] * (first.dim() - 1)), 0.0)
         return first
 
-    def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
-        """`compute()`, run once per packing for `key`: state every layer of a pass shares (length groups, a model's
-        relative-position tables or block layouts) is built by the first layer that needs it."""
-        if key not in self.memos:
-            self.memos[key] = compute()
-        return self.memos[key]
-
-    def groups(self, multiple_of: int = 1) -> list["AttentionGroup"]:
-        """The sequences in groups of similar length, each to be attended as a (group rows, group width) padded batch
-        (memoised per `multiple_of`)."""
-        return self.memo(("groups", multiple_of), lambda: attention_groups(self, multiple_of))
+    def groups(self, multiple_of: int = 1) -> list[AttentionGroup]:
+        """The sequences in groups of similar length, each to be attended as a (group rows, group width) padded batch,
+        widths rounded up to `multiple_of`; built once per packing and `multiple_of`."""
+        if multiple_of not in self._groups:
+            self._groups[multiple_of] = attention_groups(self, multiple_of)
+        return self._groups[multiple_of]
 
 
 @dataclass
@@ -121,16 +115,12 @@ class AttentionGroup:
     tokens: torch.Tensor
 
 
-# Cost model of one group for `attention_groups`, in units of one query-key pair: every slot of the padded group costs
-# its width (scores) plus a constant (projections into and out of the group), and each group a fixed overhead (kernel
-# launches, gathers): small on a CPU, where a pair costs tens of nanoseconds, large on a GPU, where a launch costs
-# what ~10^5 pairs do. Only the split depends on it; any split gives the same outputs.
+# Cost model of one group for `attention_groups`, in units of one query-key score: every slot of the padded group
+# costs its width (scores) plus GROUP_SLOT_COST (projections into and out of the group), and each group a fixed
+# overhead (kernel launches, gathers) by device type, far larger on an accelerator than on a CPU (docs/benchmarks.md).
+# Only the split depends on it; any split gives the same outputs.
 GROUP_SLOT_COST = 64
-
-
 GROUP_OVERHEAD = {"cpu": 4096}
-
-
 GROUP_OVERHEAD_ACCELERATOR = 262144
 
 
@@ -175,22 +165,23 @@ def attention_groups(packing: PackedBatch, multiple_of: int = 1) -> list[Attenti
     return groups
 
 
-def grouped_attention(
+def run_in_groups(
     packing: PackedBatch,
-    attend: Callable[..., torch.Tensor],
+    run: Callable[..., torch.Tensor],
     *tensors: torch.Tensor,
     multiple_of: int = 1,
 ) -> torch.Tensor:
-    """Run `attend(group, *padded)` on every length group and put its outputs back in packed order.
+    """Run `run(group, *padded)` (attention, or any per-sequence computation) on every length group and put its
+    outputs back in packed order.
 
-    tensors: (1, N, ...) packed; `attend` gets each as a (group.rows, group.width, ...) padded batch, with
+    tensors: (1, N, ...) packed; `run` gets each as a (group.rows, group.width, ...) padded batch, with
     `group.key_mask`, and returns (group.rows, group.width, ...). Returns (1, N, ...). One group holding every
     sequence at the batch's own width is exactly the padded computation.
     """
     outputs, token_order = [], []
     for group in packing.groups(multiple_of):
         padded = [t[0].index_select(0, group.gather).view(group.rows, group.width, *t.shape[2:]) for t in tensors]
-        output = attend(group, *padded)
+        output = run(group, *padded)
         outputs.append(output.flatten(0, 1).index_select(0, group.slots))
         token_order.append(group.tokens)
     if not outputs:  # every row is padding

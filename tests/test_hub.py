@@ -24,6 +24,7 @@ from safetensors import safe_open
 
 import posformers
 from posformers.configuration_roformer import AUTO_MAP
+from posformers.hub_methods import HubMethods
 from posformers.integrations import hub
 
 HEADS = auto_heads(AUTO_MAP)
@@ -255,17 +256,26 @@ def test_merge_card_metadata_keeps_values_and_text():
     assert ModelCard(no_yaml).data.pipeline_tag == "fill-mask"
 
 
-def test_model_cards_are_enabled_on_every_base_class():
+def test_every_base_class_names_the_card_mixin_in_its_class_line():
     for base in (
         posformers.RoFormerPreTrainedModel,
         posformers.DebertaPreTrainedModel,
         posformers.LittleBirdPreTrainedModel,
     ):
-        assert base.__mro__[1] is hub.ModelCardMixin, base.__mro__
-    assert not issubclass(transformers.PreTrainedModel, hub.ModelCardMixin)
-    bases = posformers.RoFormerPreTrainedModel.__bases__
-    hub.enable_model_cards(posformers.RoFormerPreTrainedModel)  # idempotent
-    assert posformers.RoFormerPreTrainedModel.__bases__ == bases
+        assert HubMethods in base.__bases__, base.__bases__
+    assert not issubclass(transformers.PreTrainedModel, HubMethods)
+
+
+def test_without_posformers_the_card_mixin_is_transformers_push(monkeypatch, tmp_dir):
+    """Where posformers cannot be imported (remote code), both methods are transformers' own, arguments unchanged."""
+    monkeypatch.setattr(posformers.hub_methods, "card_code", lambda: None)
+    calls = []
+    monkeypatch.setattr(transformers.PreTrainedModel, "push_to_hub", lambda self, *args, **kwargs: calls.append(kwargs))
+    model = tiny_model("AutoModel")
+    model.push_to_hub("org/x", license="mit")
+    assert calls == [{"license": "mit"}]
+    model.save_pretrained(tmp_dir)
+    assert (tmp_dir / "model.safetensors").is_file() and not (tmp_dir / "README.md").exists()
 
 
 def test_save_pretrained_push_uploads_only_from_the_saving_rank(tmp_dir):

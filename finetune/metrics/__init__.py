@@ -48,3 +48,26 @@ def load(name: str, config_name: str | None = None, **kwargs) -> evaluate.Evalua
 
     kwargs.setdefault("keep_in_memory", True)
     return evaluate.load(path(name), config_name, **kwargs)
+
+
+def metric_info(description: str, citation: str, inputs: str, predictions, references, url: str):
+    """The `evaluate.MetricInfo` of one of these modules: its texts, the features of one prediction and of one
+    reference, and where the metric is defined."""
+    import datasets
+    import evaluate
+
+    return evaluate.MetricInfo(
+        description=description,
+        citation=citation,
+        inputs_description=inputs,
+        features=datasets.Features({"predictions": predictions, "references": references}),
+        reference_urls=[url],
+    )
+
+
+def squad_references() -> dict:
+    """The feature of one SQuAD reference (squad and squad_v2): its id and gold answers."""
+    import datasets
+
+    answers = datasets.Sequence({"text": datasets.Value("string"), "answer_start": datasets.Value("int32")})
+    return {"id": datasets.Value("string"), "answers": answers}

@@ -1,42 +1,22 @@
-"""Export posformers models to ONNX: `posformers-export onnx MODEL_DIR OUT_DIR`, or `to_onnx(model, out_dir)`.
+"""Export posformers models to ONNX (docs/integrations.md, "ONNX"): `posformers-export onnx MODEL_DIR OUT_DIR`, or
+`to_onnx(model, out_dir)`. Every head exports with dynamic batch and sequence axes (and choices for multiple choice);
+the model's config and tokenizer files go beside the graph, which onnxruntime then checks against PyTorch at another
+length than the traced one.
 
-Every head of the three models exports with dynamic batch and sequence axes (and a dynamic choices axis for multiple
-choice): one graph serves any batch size and length, RoFormer beyond `max_position_embeddings` (the rotary tables are
-computed in the graph), DeBERTa beyond its relative-position bucket range, LittleBird at any number of blocks.
-
-    from posformers.integrations.export import to_onnx
-    onnx_file = to_onnx("path/to/model", "path/to/onnx")      # or a loaded posformers model
-    # onnxruntime.InferenceSession(str(onnx_file)).run(None, {"input_ids": ..., "attention_mask": ..., ...})
-
-The graph's inputs are `input_ids`, `attention_mask` and, when the model has token types (`type_vocab_size > 0`),
-`token_type_ids`, all int64, (batch, sequence) or (batch, choices, sequence); its outputs are the head's tensor
-outputs under their transformers names (`last_hidden_state`, `pooler_output`, `logits`, `start_logits`, ...).
-
-How it exports: `torch.onnx.export(dynamo=True)` (torch.export), traced under `torch.no_grad()`. Optimum's exporter
-would be the standard tool, but `optimum-onnx` requires transformers < 4.58 and posformers needs 5.x (so
-sentence-transformers' `backend="onnx"`, which loads through optimum, cannot run either); torch's older TorchScript
-exporter fails on LittleBird's attention and mis-broadcasts RoFormer's at other lengths. The model runs its padded
-path (`unpad_inputs="never"`: packing decides shapes from the mask's values, which a graph for every length cannot)
-with eager attention (torch.export cannot decompose DeBERTa's SDPA output reshape with symbolic strides). Both
-settings are put back on a model passed in. Where the models branch on a length (RoFormer's cached rotary table,
-DeBERTa's relative-position rows, LittleBird's attention chunks), `torch.compiler.is_exporting()` picks the branch
-that serves every length. RoFormer-sim's generation cache and training-only outputs (losses, attentions, hidden
-states) are not exported.
-
-The output folder also gets the model's config and tokenizer files, so it is self-contained. After export the graph is
-checked with onnxruntime (when installed) against PyTorch on padded inputs at another length than the traced one.
-
-For CPU deployment (see `posformers.integrations.onnx_runtime`, which also runs a folder on a list of texts):
-`optimize=True` (`--optimize`) saves onnxruntime's graph optimizations into `model.onnx` before the check, and
-`quantize="int8"` (`--quantize int8`) writes `model_int8.onnx` with int8 weight MatMuls, checked against the float32
-graph on real `texts` (`--texts FILE`): label agreement and largest score difference, printed and written to
-`int8_check.json`.
+How it exports: `torch.onnx.export(dynamo=True)`, traced under `torch.no_grad()` (torch's TorchScript exporter fails
+on LittleBird's attention and mis-broadcasts RoFormer's at other lengths; optimum's requires transformers < 4.58). The
+model runs its padded path (`unpad_inputs="never"`: packing decides shapes from the mask's values, which a graph for
+every length cannot) with eager attention (torch.export cannot decompose DeBERTa's SDPA output reshape with symbolic
+strides); both settings are put back on a model passed in. Where the models branch on a length (RoFormer's cached
+rotary table, DeBERTa's relative-position rows, LittleBird's attention chunks), `torch.compiler.is_exporting()` picks
+the branch that serves every length. `optimize` and `quantize` are `onnx_runtime`'s (docs/deploying.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -237,7 +217,7 @@ def to_onnx(
             )
         if optimize:
             onnx_runtime.optimize(output_dir)
-        if verify and _has_onnxruntime():
+        if verify and importlib.util.find_spec("onnxruntime") is not None:
             length = 2 * trace_length(model.config) + 3
             difference = max_difference(model, onnx_file, example_inputs(model, length, batch=3, seed=1))
             if difference > atol:
@@ -258,12 +238,6 @@ def to_onnx(
         if verify:
             onnx_runtime.check_int8(output_dir, texts)
     return onnx_file
-
-
-def _has_onnxruntime() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("onnxruntime") is not None
 
 
 def run_onnx(onnx_file: str | Path, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

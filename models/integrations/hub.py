@@ -1,9 +1,8 @@
 """Hugging Face Hub integration shared by every posformers model: the model card written on push.
 
-`_registry.register` calls `enable_model_cards` on each model's `PreTrainedModel` base class, which puts
-`ModelCardMixin` among its bases. After that, `model.push_to_hub(repo_id)` and
-`model.save_pretrained(dir, push_to_hub=True, repo_id=...)` upload, in the same commit as the weights, a README.md whose
-YAML metadata lets the Hub index the model:
+Each model's `PreTrainedModel` base names `posformers.hub_methods.HubMethods` in its class line; its `push_to_hub` and
+`save_pretrained(push_to_hub=True)` call `push_to_hub` and `save_pretrained` here, which upload, in the same commit as
+the weights, a README.md whose YAML metadata lets the Hub index the model:
 
     library_name: transformers     # what the Hub needs to offer `trust_remote_code` loading
     license: apache-2.0            # `license=` overrides; a model loaded from weights takes their card's license
@@ -15,9 +14,9 @@ A README.md already on the Hub is never replaced: it is uploaded back as it is, 
 (and missing tags) added, unless `overwrite_model_card=True` is passed. Only public API is used: transformers'
 `save_pretrained` writes the files, huggingface_hub's `HfApi.create_commit` uploads them with the card.
 
-This module is package-level on purpose: model folders are copied next to the weights for `trust_remote_code` users
-and must import only torch, transformers and their own files. A model loaded that way pushes with transformers'
-plain behaviour.
+This module is package-level on purpose: it needs huggingface_hub's card API, and the model files travel to
+`trust_remote_code` users with only torch and transformers. Where posformers is not installed, a model pushes with
+transformers' plain behaviour.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from huggingface_hub import (
@@ -58,9 +57,6 @@ PIPELINE_TAGS = {
     "AutoModelForQuestionAnswering": "question-answering",
     "AutoModelForMultipleChoice": "multiple-choice",
 }
-
-# Card metadata keys written by posformers, in the order they appear in a generated card.
-CARD_KEYS = ("library_name", "license", "base_model", "pipeline_tag", "tags")
 
 # Config fields listed in the generated card, when the config has them.
 _CARD_CONFIG_FIELDS = (
@@ -152,7 +148,7 @@ def card_metadata(
     base_model: str | bool | None = None,
     tags: Iterable[str] = (),
 ) -> dict:
-    """The YAML metadata posformers writes for `model`, keys in `CARD_KEYS` order, unknown values left out.
+    """The YAML metadata posformers writes for `model`, in the order a card shows it, unknown values left out.
 
     base_model: a repo id, `None` to use the repo the weights were loaded from (if any), `False` to leave it out.
     """
@@ -338,124 +334,89 @@ def push_with_card(
 _PUSH_KEYWORDS = ("repo_id", "private", "commit_message", "commit_description", "create_pr", "revision")
 
 
-class ModelCardMixin:
-    """`push_to_hub` and `save_pretrained(push_to_hub=True)` that upload the posformers model card together with the
-    weights, in one commit. `enable_model_cards` puts it first among the bases of each model's `PreTrainedModel` base.
+def push_to_hub(
+    model,
+    repo_id: str,
+    *,
+    commit_message: str | None = None,
+    commit_description: str | None = None,
+    private: bool | None = None,
+    token: bool | str | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
+    max_shard_size: int | str | None = "50GB",
+    tags: list[str] | str | None = None,
+    license: str | None = None,
+    base_model: str | bool | None = None,
+    overwrite_model_card: bool = False,
+) -> CommitInfo:
+    """`model.push_to_hub(repo_id, ...)` of a posformers model (`HubMethods`): upload the model (weights, config,
+    code) and its model card to `repo_id` in one commit.
+
+    transformers' `PreTrainedModel.push_to_hub` parameters (`tags` are added to the card's tags, after
+    "posformers", the model type and `model.model_tags`), plus the card options:
+
+        license (`str`, *optional*, defaults to `"apache-2.0"`): license of a new card, or added to a card
+            without one.
+        base_model (`str` or `False`, *optional*): the model this one derives from; defaults to the Hub repo the
+            weights were loaded from, if any. `False` leaves it out.
+        overwrite_model_card (`bool`, *optional*, defaults to `False`): replace a README.md already on the Hub
+            instead of only adding the metadata it lacks.
     """
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        commit_message: str | None = None,
-        commit_description: str | None = None,
-        private: bool | None = None,
-        token: bool | str | None = None,
-        revision: str | None = None,
-        create_pr: bool = False,
-        max_shard_size: int | str | None = "50GB",
-        tags: list[str] | str | None = None,
-        license: str | None = None,
-        base_model: str | bool | None = None,
-        overwrite_model_card: bool = False,
-    ) -> CommitInfo:
-        """Upload the model (weights, config, code) and its model card to `repo_id` in one commit.
-
-        transformers' `PreTrainedModel.push_to_hub` parameters (`tags` are added to the card's tags, after
-        "posformers", the model type and `model.model_tags`), plus the card options:
-
-            license (`str`, *optional*, defaults to `"apache-2.0"`): license of a new card, or added to a card
-                without one.
-            base_model (`str` or `False`, *optional*): the model this one derives from; defaults to the Hub repo the
-                weights were loaded from, if any. `False` leaves it out.
-            overwrite_model_card (`bool`, *optional*, defaults to `False`): replace a README.md already on the Hub
-                instead of only adding the metadata it lacks.
-        """
-        tags = (tags,) if isinstance(tags, str) else tuple(tags or ())
-        options = CardOptions(license=license, base_model=base_model, tags=tags, overwrite=overwrite_model_card)
-        with tempfile.TemporaryDirectory() as tmp_dir:
-            folder = Path(tmp_dir)
-            self.save_pretrained(folder, max_shard_size=max_shard_size)
-            return push_with_card(
-                self,
-                folder,
-                list(_file_times(folder)),
-                repo_id,
-                options,
-                private=private,
-                token=token,
-                revision=revision,
-                create_pr=create_pr,
-                commit_message=commit_message,
-                commit_description=commit_description,
-            )
-
-    def save_pretrained(
-        self,
-        save_directory: str | os.PathLike,
-        is_main_process: bool = True,
-        state_dict: dict | None = None,
-        push_to_hub: bool = False,
-        *,
-        license: str | None = None,
-        base_model: str | bool | None = None,
-        overwrite_model_card: bool = False,
-        **kwargs,
-    ):
-        """transformers' `PreTrainedModel.save_pretrained`; with `push_to_hub=True`, the saving rank then uploads the
-        files this call wrote and the model card in one commit (keywords `repo_id`, defaulting to the folder's name,
-        `private`, `commit_message`, `commit_description`, `create_pr`, `revision`, `token`, and the card options of
-        `push_to_hub`). A README.md already in `save_directory` is the card's starting point when the Hub has none
-        (or `overwrite_model_card=True`); the uploaded card replaces it. Without `push_to_hub` the card options are
-        ignored.
-        """
-        if not push_to_hub or kwargs.get("distributed_checkpoint"):
-            # transformers pushes a distributed checkpoint from a consolidated copy, with its own card.
-            return super().save_pretrained(save_directory, is_main_process, state_dict, push_to_hub, **kwargs)
-        push_kwargs = {key: kwargs.pop(key) for key in _PUSH_KEYWORDS if key in kwargs}
-        folder = Path(save_directory)
-        uploads = self.should_save_on_this_rank(is_main_process)  # every rank saves (a collective under FSDP)
-        before = _file_times(folder) if uploads else {}
-        readme = folder / README
-        local_card = readme.read_text(encoding="utf-8") if uploads and readme.is_file() else None
-        super().save_pretrained(save_directory, is_main_process, state_dict, **kwargs)
-        if not uploads:
-            return
-        written = [path for path, time in _file_times(folder).items() if before.get(path) != time]
-        options = CardOptions(
-            license=license, base_model=base_model, overwrite=overwrite_model_card, local_card=local_card
+    tags = (tags,) if isinstance(tags, str) else tuple(tags or ())
+    options = CardOptions(license=license, base_model=base_model, tags=tags, overwrite=overwrite_model_card)
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        folder = Path(tmp_dir)
+        model.save_pretrained(folder, max_shard_size=max_shard_size)
+        return push_with_card(
+            model,
+            folder,
+            list(_file_times(folder)),
+            repo_id,
+            options,
+            private=private,
+            token=token,
+            revision=revision,
+            create_pr=create_pr,
+            commit_message=commit_message,
+            commit_description=commit_description,
         )
-        repo_id = push_kwargs.pop("repo_id", None) or folder.resolve().name
-        push_with_card(self, folder, written, repo_id, options, token=kwargs.get("token"), **push_kwargs)
 
 
-def enable_model_cards(model_class: type) -> None:
-    """Make `push_to_hub` and `save_pretrained(push_to_hub=True)` of `model_class` (a posformers `PreTrainedModel`
-    base) and its heads upload the posformers model card, by putting `ModelCardMixin` first among its bases.
+def save_pretrained(
+    model,
+    save: Callable[..., None],
+    save_directory: str | os.PathLike,
+    is_main_process: bool = True,
+    state_dict: dict | None = None,
+    push_to_hub: bool = False,
+    *,
+    license: str | None = None,
+    base_model: str | bool | None = None,
+    overwrite_model_card: bool = False,
+    **kwargs,
+) -> None:
+    """`model.save_pretrained(...)` of a posformers model (`HubMethods`), `save` being transformers' method.
 
-    The model folders cannot name the mixin in their class lines: they are remote code, importing only torch and
-    transformers. Idempotent.
+    With `push_to_hub=True`, the saving rank then uploads the files this call wrote and the model card in one commit
+    (keywords `repo_id`, defaulting to the folder's name, `private`, `commit_message`, `commit_description`,
+    `create_pr`, `revision`, `token`, and the card options of `push_to_hub`). A README.md already in `save_directory`
+    is the card's starting point when the Hub has none (or `overwrite_model_card=True`); the uploaded card replaces
+    it. Without `push_to_hub` the card options are ignored.
     """
-    if not issubclass(model_class, ModelCardMixin):
-        model_class.__bases__ = (ModelCardMixin, *model_class.__bases__)
-
-
-__all__ = [
-    "CARD_KEYS",
-    "DEFAULT_LICENSE",
-    "PIPELINE_TAGS",
-    "CardOptions",
-    "ModelCardMixin",
-    "card_for_push",
-    "card_metadata",
-    "default_license",
-    "enable_model_cards",
-    "infer_base_model",
-    "looks_like_repo_id",
-    "merge_card_metadata",
-    "model_card",
-    "model_type_tag",
-    "pipeline_tag",
-    "push_with_card",
-    "weights_license",
-]
+    if not push_to_hub or kwargs.get("distributed_checkpoint"):
+        # transformers pushes a distributed checkpoint from a consolidated copy, with its own card.
+        return save(save_directory, is_main_process, state_dict, push_to_hub, **kwargs)
+    push_kwargs = {key: kwargs.pop(key) for key in _PUSH_KEYWORDS if key in kwargs}
+    folder = Path(save_directory)
+    uploads = model.should_save_on_this_rank(is_main_process)  # every rank saves (a collective under FSDP)
+    before = _file_times(folder) if uploads else {}
+    readme = folder / README
+    local_card = readme.read_text(encoding="utf-8") if uploads and readme.is_file() else None
+    save(save_directory, is_main_process, state_dict, **kwargs)
+    if not uploads:
+        return
+    written = [path for path, time in _file_times(folder).items() if before.get(path) != time]
+    options = CardOptions(license=license, base_model=base_model, overwrite=overwrite_model_card, local_card=local_card)
+    repo_id = push_kwargs.pop("repo_id", None) or folder.resolve().name
+    push_with_card(model, folder, written, repo_id, options, token=kwargs.get("token"), **push_kwargs)

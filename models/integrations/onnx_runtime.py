@@ -1,22 +1,11 @@
-"""Run, optimize and quantize a folder written by `posformers-export onnx` with ONNX Runtime on the CPU.
+"""Run, optimize and quantize a folder written by `posformers-export onnx` with ONNX Runtime on the CPU
+(docs/deploying.md).
 
-    from posformers.integrations.onnx_runtime import OnnxModel
-    model = OnnxModel("path/to/onnx")                      # or OnnxModel("path/to/onnx", file=INT8_FILE)
-    outputs = model(["a first text", "a second one"])      # one {output name: array} per text, in input order
-
-The graph takes padded batches, so `OnnxModel` sorts the texts by token count, cuts them into batches of similar
-length (padding costs little) and puts the outputs back in input order; per-token outputs (`last_hidden_state`,
-token-classification `logits`, `start_logits`, ...) are cut to each text's tokens. This is what posformers' PyTorch
-models do without padding: the outputs match theirs within float32 noise.
-
-`optimize(folder)` saves onnxruntime's extended graph optimizations (constant folding, redundant-node elimination,
-fusions such as LayerNormalization, Gelu and MatMul + Add) into `model.onnx`: sessions load it without redoing them.
-`quantize(folder)` writes `model_int8.onnx` with `onnxruntime.quantization.quantize_dynamic`: every MatMul whose second
-input is a constant (the Linear layers' weights, and DeBERTa's relative-position keys and queries, which onnxruntime
-folds into constants) gets that input quantized to int8 per tensor and its first input to uint8 at run time
-(MatMulInteger); attention's query x key and probabilities x value, embedding tables, LayerNorms and a pooled head's
-Gemm stay float32. `check_int8(folder, texts)` compares the int8
-graph with the float32 one on real texts and writes the result to `int8_check.json`.
+`OnnxModel(folder)(texts)` sorts the texts by token count, runs them in padded batches of similar length and gives
+one {output name: array} per text, in input order, per-token outputs cut to the text's tokens: what posformers'
+PyTorch models do without padding. `optimize(folder)` saves onnxruntime's extended graph optimizations into
+`model.onnx`; `quantize(folder)` writes `model_int8.onnx` (weight MatMuls in int8, `quantize_dynamic`);
+`check_int8(folder, texts)` compares the two graphs on real texts and writes `int8_check.json`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""PEFT (LoRA and the other adapters) for the posformers models: which modules to target, and `get_peft_model`.
+"""PEFT (LoRA and the other adapters) for the posformers models: which modules to target, and `get_peft_model`
+(docs/integrations.md, "PEFT").
 
 PEFT picks default LoRA targets by `model_type` from a table that does not know `posformers-roformer`,
-`posformers-deberta` or `littlebird`, and it has no public API to add to that table. So name the targets:
-
-    from peft import LoraConfig, get_peft_model
-    from posformers.integrations.peft import target_modules
-
-    model = get_peft_model(model, LoraConfig(r=8, target_modules=target_modules(model)))           # query and value
-    model = get_peft_model(model, LoraConfig(r=8, target_modules=target_modules(model, "all-linear")))
-
-`posformers.integrations.peft.get_peft_model` is peft's, except that a config without `target_modules` stops with one
-line naming the modules to pass instead of peft's generic "Please specify `target_modules`".
-
-Every model calls its projection modules (never their `.weight`), so a LoRA, DoRA or quantized linear placed on any
-of them takes part in the forward pass, and `merge_and_unload()` gives the adapted model's outputs. This module
-imports peft: the model folders never do.
+`posformers-deberta` or `littlebird`, and has no public API to add to it: `target_modules(model)` names them, and
+`get_peft_model` is peft's, except that a config without `target_modules` stops with one line naming the modules to
+pass. This module imports peft: the model folders never do.
 """
 
 from __future__ import annotations

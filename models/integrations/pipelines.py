@@ -1,22 +1,11 @@
-"""Extractive question answering as a transformers pipeline, for all three models (and any ...ForQuestionAnswering).
+"""Extractive question answering as a transformers pipeline, for all three models (and any ...ForQuestionAnswering);
+docs/integrations.md, "Pipelines".
 
-transformers 5 removed its "question-answering" pipeline (`pipeline("question-answering")` raises before any
-registry is consulted), so posformers brings one, registered under a name transformers does not reserve:
-
-    import posformers.integrations.pipelines  # registers "extractive-question-answering"
-    qa = transformers.pipeline("extractive-question-answering", model="path/to/littlebird-qa")
-    qa(question="Who won Super Bowl 50?", context=document)   # {"answer", "score", "start", "end"}
-
-or `posformers.integrations.pipelines.QuestionAnsweringPipeline(model=model, tokenizer=tokenizer)`. It windows and
-decodes exactly as `posformers-qa` evaluates (`posformers.finetune.qa_features`: the same windows, n-best spans,
-SQuAD v2's null answer), so a pipeline answer is the script's answer.
-
-The window length, in this order: the `max_seq_len` argument; else, for a model without a position limit (LittleBird:
-its config has no `max_position_embeddings`), the whole document in one window; else the tokenizer's
-`model_max_length` capped at 384 and at the model's `max_position_embeddings`, as transformers' pipeline did.
-`doc_stride` (the overlap of consecutive windows) defaults to 128 tokens, at most half the window. A LittleBird
-tokenizer inherited from its BERT teacher says 512 in `model_max_length`, which is BERT's limit, not LittleBird's:
-the config decides there.
+transformers 5 removed its "question-answering" pipeline, so posformers registers one under a name transformers does
+not reserve, "extractive-question-answering" (importing this module registers it). It windows and decodes exactly as
+`posformers-qa` evaluates (`posformers.finetune.qa_features`), so a pipeline answer is the script's answer. A
+LittleBird tokenizer inherited from its BERT teacher says 512 in `model_max_length`, which is BERT's limit, not
+LittleBird's: the config decides the window there (`window_length`).
 """
 
 from __future__ import annotations

@@ -54,11 +54,13 @@ def mc_csv(folder: Path, encoding: str) -> Path:
     return write(folder / "train.csv", header + "".join(rows), encoding)
 
 
+QA_CONTEXT = "北京是中国的首都，也是一座历史悠久的城市。"
+QA_QUESTION = "中国的首都是哪里？"
+
+
 def qa_json(folder: Path, encoding: str) -> Path:
-    context = "北京是中国的首都，也是一座历史悠久的城市。"
     answers = {"text": ["北京"], "answer_start": [0]}
-    question = "中国的首都是哪里？"
-    records = [{"id": str(i), "question": question, "context": context, "answers": answers} for i in range(4)]
+    records = [{"id": str(i), "question": QA_QUESTION, "context": QA_CONTEXT, "answers": answers} for i in range(4)]
     return write(folder / "train.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding)
 
 
@@ -136,6 +138,93 @@ def test_a_utf8_byte_order_mark_is_dropped_by_every_reader(tmp_path):
         cache_dir=str(tmp_path / "cache"),
     )  # fmt: skip
     assert corpus["train"]["text"][0] == REVIEWS[0][0]
+
+
+# Every file format of every script's reader, as `write(folder, encoding)`, and its first text as the script reads it.
+def glue_csv(folder: Path, encoding: str) -> Path:
+    return write(folder / "train.csv", "sentence,label\n" + "".join(f"{s},{y}\n" for s, y in REVIEWS), encoding)
+
+
+def glue_json(folder: Path, encoding: str) -> Path:
+    records = [{"sentence": s, "label": y} for s, y in REVIEWS]
+    return write(folder / "train.json", json.dumps(records, ensure_ascii=False), encoding)
+
+
+def glue_jsonl(folder: Path, encoding: str) -> Path:
+    lines = "".join(json.dumps({"sentence": s, "label": y}, ensure_ascii=False) + "\n" for s, y in REVIEWS)
+    return write(folder / "train.jsonl", lines, encoding)
+
+
+NER_SENTENCES = [
+    {"tokens": ["北京", "是", "首都"], "ner_tags": ["B-LOC", "O", "O"]},
+    {"tokens": ["张三", "在", "上海"], "ner_tags": ["B-PER", "O", "B-LOC"]},
+]
+
+
+def ner_json(folder: Path, encoding: str) -> Path:
+    return write(folder / "train.json", json.dumps(NER_SENTENCES * 4, ensure_ascii=False), encoding)
+
+
+def ner_jsonl(folder: Path, encoding: str) -> Path:
+    lines = "".join(json.dumps(sentence, ensure_ascii=False) + "\n" for sentence in NER_SENTENCES * 4)
+    return write(folder / "train.jsonl", lines, encoding)
+
+
+def mc_jsonl(folder: Path, encoding: str) -> Path:
+    """CommonsenseQA's layout."""
+    choices = [{"label": "A", "text": "很好"}, {"label": "B", "text": "很差"}]
+    records = [{"id": "0", "question": {"stem": s, "choices": choices}, "answerKey": "A"} for s, _ in REVIEWS]
+    return write(folder / "train.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding)
+
+
+def qa_squad_json(folder: Path, encoding: str) -> Path:
+    qas = [{"id": "0", "question": QA_QUESTION, "answers": [{"text": "北京", "answer_start": 0}]}]
+    squad = {"version": "1.1", "data": [{"title": "北京", "paragraphs": [{"context": QA_CONTEXT, "qas": qas}]}]}
+    return write(folder / "train.json", json.dumps(squad, ensure_ascii=False), encoding)
+
+
+def glue_first(path: Path) -> str:
+    """--text_columns sentence: the column must be found by its name."""
+    return read_files({"train": path}, None, ("sentence",), False)["train"].examples[0].texts[0]
+
+
+def ner_first(path: Path) -> str:
+    return read_ner_files({"train": path}, ("tokens", "ner_tags"), False)["train"][0]["tokens"][0]
+
+
+def mc_first(path: Path) -> str:
+    return read_mc_files({"train": path}, False)["train"][0]["first"]
+
+
+def qa_first(path: Path) -> str:
+    return load_qa_file(path, "train", BadExamples(False, "train"))[0]["context"][:2]
+
+
+READERS = {  # format: (write the file, read its first text, what that must be)
+    "glue-tsv": (glue_tsv, glue_first, REVIEWS[0][0]),
+    "glue-csv": (glue_csv, glue_first, REVIEWS[0][0]),
+    "glue-json": (glue_json, glue_first, REVIEWS[0][0]),
+    "glue-jsonl": (glue_jsonl, glue_first, REVIEWS[0][0]),
+    "ner-conll": (ner_conll, ner_first, "北京"),
+    "ner-json": (ner_json, ner_first, "北京"),
+    "ner-jsonl": (ner_jsonl, ner_first, "北京"),
+    "mc-csv": (mc_csv, mc_first, REVIEWS[0][0]),
+    "mc-jsonl": (mc_jsonl, mc_first, REVIEWS[0][0]),
+    "qa-jsonl": (qa_json, qa_first, "北京"),
+    "qa-squad-json": (qa_squad_json, qa_first, "北京"),
+}
+BOMS = {"utf-8": codecs.BOM_UTF8, "utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE}
+
+
+@pytest.mark.parametrize("bom", BOMS)
+@pytest.mark.parametrize("data_format", READERS)
+def test_every_format_of_every_script_reads_a_file_with_a_byte_order_mark(data_format, bom, tmp_path):
+    """A UTF-8 mark is dropped (it is no part of a column name or of the first word); a UTF-16 one says how the file
+    decodes, whatever --encoding says. A reader that opens the file itself reads neither."""
+    write_data, first_text, expected = READERS[data_format]
+    path = write_data(tmp_path, "utf-8")
+    path.write_bytes(BOMS[bom] + path.read_text(encoding="utf-8").encode(bom))
+    assert first_text(path) == expected
 
 
 def test_an_unknown_encoding_is_one_line(tmp_path):

@@ -72,7 +72,10 @@ class ForwardSpy:
         forward = base_model.forward
 
         def spy(model, input_ids=None, *args, **kwargs):
-            flattened = "cu_seq_lens_q" in kwargs and kwargs.get("position_ids") is not None
+            # a head hands its base model the plan it made (`packing=`), a bare model gets the collator's keywords
+            packing = kwargs.get("packing")
+            flattened = packing.flattened if packing is not None else "cu_seq_lens_q" in kwargs
+            flattened = flattened and kwargs.get("position_ids") is not None
             rows = (input_ids if input_ids is not None else kwargs["inputs_embeds"]).shape[0]
             self.calls.append((model.config.unpad_inputs, flattened, rows))
             return forward(model, input_ids, *args, **kwargs)

@@ -84,6 +84,8 @@ VARIANTS = {
     "roformer-first-token-choice": ("roformer", ("AutoModelForMultipleChoice",), {"summary_type": "first"}),
     **{f"deberta-{version}": ("deberta", BASE_AND_MASKED_LM, fields) for version, fields in DEBERTA_VERSIONS.items()},
     "deberta-absolute": ("deberta", ("AutoModel",), {"relative_attention": False, "position_biased_input": True}),
+    # More pack states than a block holds tokens (the tiny default has 3 in blocks of 4).
+    "littlebird-long-pack": ("littlebird", ("AutoModel",), {"pack_length": 6}),
 }
 # (variant, model, head, overrides) of every head a variant changes.
 VARIANT_HEADS = [
@@ -107,7 +109,9 @@ def distinct_bialibi_slopes(model, seed: int = 0) -> None:
 class ModelEntry:
     """One model: its config class, AUTO_MAP, what its tiny config adds (`fields`), what a freshly built model gets
     (`prepare(model, seed)`), the rank of the attention mask it takes besides the (batch, seq_len) padding mask
-    (`dense_mask`) and whether it reads a left-padded batch (`left_padding`)."""
+    (`dense_mask`), whether it reads a left-padded batch (`left_padding`) and the attention implementations that must
+    agree on every input (`attn_implementations`, the first the reference; the opt-in fused kernels are compared
+    with them in their own tests)."""
 
     name: str
     config_class: type
@@ -116,6 +120,7 @@ class ModelEntry:
     prepare: Callable | None = None
     dense_mask: int | None = None
     left_padding: bool = True
+    attn_implementations: tuple[str, ...] = ("eager", "sdpa")
 
     @property
     def heads(self) -> dict[str, type]:
@@ -146,13 +151,15 @@ REGISTRY = {
     "deberta": ModelEntry(
         "deberta", posformers.DebertaConfig, configuration_deberta.AUTO_MAP, {"conv_kernel_size": 3}, dense_mask=3
     ),
-    # Block 0 is global: the first token must be real.
+    # Block 0 is global: the first token must be real. USWAttn's one implementation besides the fused kernel is its
+    # block-sparse products ("eager").
     "littlebird": ModelEntry(
         "littlebird",
         posformers.LittleBirdConfig,
         configuration_littlebird.AUTO_MAP,
         prepare=distinct_bialibi_slopes,
         left_padding=False,
+        attn_implementations=("eager",),
     ),
 }
 # (model, head) pairs, and their pytest ids ("roformer-AutoModelForMaskedLM").

@@ -381,19 +381,22 @@ class ModelStrategies:
 
     cases(): a strategy of `Case`s. examples: how many examples each property draws for this model.
     invalid_inputs(model, batch): this model's own corruptions beyond the shared ones, {kind: (batch -> broken
-    inputs, what the error names)}. backends: the attention implementations that must agree. dtypes: every output is
-    checked finite in each, the last is compared at `tolerance`. per_key_attentions: output_attentions come as
-    (batch, heads, L, L) weights over keys.
+    inputs, what the error names)}. dtypes: every output is checked finite in each, the last is compared at
+    `tolerance`. per_key_attentions: output_attentions come as (batch, heads, L, L) weights over keys.
     """
 
     name: str
     cases: Callable
     examples: dict[str, int]
     invalid_inputs: Callable
-    backends: tuple[str, ...] = ("eager", "sdpa")
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
     tolerance: float = 1e-4
     per_key_attentions: bool = True
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The attention implementations that must agree, the registry's (`ModelEntry.attn_implementations`)."""
+        return REGISTRY[self.name].attn_implementations
 
     def build(self, case: Case, **overrides):
         """The case's model, in eval mode."""
@@ -456,7 +459,8 @@ def deberta_invalid_inputs(model, batch: dict) -> dict:
             "attention_mask",
         ),
     }
-    limit = model.base_model.input_rules()["position_limit"]
+    reads_positions = hasattr(model.base_model.embeddings, "position_embeddings")
+    limit = model.config.max_position_embeddings if reads_positions else None
     for position in (limit, -1) if limit else ():
         table[f"position_ids holding {position}"] = (
             replaced(position_ids=torch.full((rows, width), position)),
@@ -500,14 +504,13 @@ STRATEGIES = {
         {"alone": 120, "inputs_embeds": 40, "gradients": 40, "invalid_input": 120, "invalid_config": 75},
         deberta_invalid_inputs,
     ),
-    # The block-sparse products are LittleBird's one backend besides the fused kernel (tested on its own); its paths
-    # agree to roundoff in float64, where they are compared (test_properties_littlebird.py says how closely).
+    # LittleBird's paths agree to roundoff in float64, where they are compared (test_properties_littlebird.py says
+    # how closely).
     "littlebird": ModelStrategies(
         "littlebird",
         littlebird_cases,
         {"alone": 60, "inputs_embeds": 60, "gradients": 40, "invalid_input": 100, "invalid_config": 75},
         littlebird_invalid_inputs,
-        backends=("eager",),
         dtypes=(torch.float32, torch.float64),
         tolerance=1e-9,
         per_key_attentions=False,

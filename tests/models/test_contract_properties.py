@@ -413,7 +413,8 @@ def shared_invalid_inputs(model, batch: dict) -> dict:
             "token_type_ids",
         )
     # A flattened batch of the rows' first tokens (as many as an absolute position table, if any, takes).
-    limit = model.base_model.input_rules().get("position_limit") or rows * width
+    reads_positions = hasattr(model.base_model.embeddings, "position_embeddings")
+    limit = config.max_position_embeddings if reads_positions else rows * width
     cut = min(width, limit // rows)
     if not cut:
         return table

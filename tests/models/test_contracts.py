@@ -1,11 +1,12 @@
 """Contracts every model keeps with every head its AUTO_MAP registers, stated once over tests/helpers/registry.py (as
-transformers' ModelTesterMixin states them once for all its models): padding-free == padded (outputs, losses and
-gradients, in every batch layout of the registry's CASES and every model-specific VARIANT), flattened batches (each
-sequence as alone, trained as the padded batch, refused where a head cannot take one or the inputs contradict it),
-what rules packing out, half precision, torch.compile and activation checkpointing on the packed path,
-trust_remote_code loading, and what transformers' common model tests expect of any PreTrainedModel (a batch of padding
-only, output_hidden_states from the config, loading into a model built without initialisation, gradients through the
-returned attentions and into every parameter, a shape mismatch on loading)."""
+transformers' ModelTesterMixin states them once for all its models): padding changes nothing at real tokens (each row
+alone gives what it gives in a padded batch, for every head and VARIANT, attention implementation and path),
+padding-free == padded (outputs, losses and gradients, in every batch layout of the registry's CASES and every
+model-specific VARIANT), flattened batches (each sequence as alone, trained as the padded batch, refused where a head
+cannot take one or the inputs contradict it), what rules packing out, half precision, torch.compile and activation
+checkpointing on the packed path, trust_remote_code loading, and what transformers' common model tests expect of any
+PreTrainedModel (a batch of padding only, output_hidden_states from the config, loading into a model built without
+initialisation, gradients through the returned attentions and into every parameter, a shape mismatch on loading)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ ENCODER_MODEL_HEADS = [(name, auto_name) for name, auto_name in MODEL_HEADS if a
 encoder_heads = pytest.mark.parametrize(
     ("name", "auto_name"), ENCODER_MODEL_HEADS, ids=[f"{name}-{auto_name}" for name, auto_name in ENCODER_MODEL_HEADS]
 )
-# Every head of every model, then of every model-specific variant.
+# Every head of every model, then of every model-specific variant; ALL_HEADS without the decoder.
+EVERY_HEAD = [(name, name, auto_name, {}) for name, auto_name in MODEL_HEADS] + VARIANT_HEADS
 ALL_HEADS = [(name, name, auto_name, {}) for name, auto_name in ENCODER_MODEL_HEADS] + VARIANT_HEADS
 FLATTENING_HEADS = [row for row in ALL_HEADS if row[2] not in REFUSE_FLATTENED]
 REFUSING_HEADS = [(name, auto_name) for name, auto_name in MODEL_HEADS if auto_name in REFUSE_FLATTENED]
@@ -194,23 +196,47 @@ def test_masked_lm_head_projects_real_tokens_only(name):
     assert seen == [torch.Size([1, int(inputs["attention_mask"].sum()), model.config.hidden_size])]
 
 
-@model_heads
-def test_row_alone_equals_row_in_padded_batch(name, auto_name):
-    inputs = padded_inputs(auto_name, labels=False)
-    short = -1  # the last row, 5 real tokens of 17
-    length = int(real_tokens(inputs)[short].sum())
-    alone = {key: value[short:, ..., :length] for key, value in inputs.items()}
-    for mode in paths(auto_name):
-        model = build(name, auto_name, unpad_inputs=mode)
-        with torch.no_grad():
-            in_batch, by_itself = tensors(model(**inputs)), tensors(model(**alone))
-        for key, value in by_itself.items():
-            batched = in_batch[key][short:]
-            if key in PER_TOKEN_OUTPUTS and batched.dim() >= 2 and batched.shape[1] == inputs["input_ids"].shape[-1]:
-                batched = batched[:, :length]
-            elif key == "pack_states":
-                continue  # LittleBird's pack states summarise the whole (padded) width
-            assert max_diff(batched, value) <= TOLERANCE, f"unpad_inputs={mode!r} {key}"
+# Rows across ten of LittleBird's tiny blocks of 4 and beyond DeBERTa's relative spans, short rows, a row of one token,
+# a row of padding only, and padding after the longest row too: every real token has padding after it.
+PADDED_ROWS, PADDED_WIDTH = (41, 17, 11, 5, 1, 0), 48
+
+
+def random_ids_at_padding(inputs: dict, seed: int = 1) -> dict:
+    """`inputs` with random token ids at padded positions: padding that leaks into a real token's output shows."""
+    generator = torch.Generator().manual_seed(seed)
+    noise = torch.randint(1, 99, inputs["input_ids"].shape, generator=generator)
+    return {**inputs, "input_ids": torch.where(inputs["attention_mask"].bool(), inputs["input_ids"], noise)}
+
+
+@head_params(EVERY_HEAD)
+def test_each_row_alone_equals_its_row_in_a_padded_batch(variant, name, auto_name, overrides):
+    """Padding changes nothing at real tokens: each row of a right-padded batch gives, with every attention
+    implementation of the model, padded and padding-free, what it gives alone (no padding, no mask, the first
+    implementation): per-token outputs at its real tokens, per-row outputs (pooler, pack states, classes)."""
+    model = build(name, auto_name, **overrides)
+    inputs = random_ids_at_padding(padded_inputs(auto_name, PADDED_ROWS, PADDED_WIDTH, labels=False))
+    implementations = REGISTRY[name].attn_implementations
+    model.set_attn_implementation(implementations[0])
+    alone = {}
+    with torch.no_grad():
+        for row, length in enumerate(PADDED_ROWS):
+            if length:
+                cut = {key: value[row : row + 1, ..., :length] for key, value in inputs.items()}
+                alone[row] = tensors(model(**{key: value for key, value in cut.items() if key != "attention_mask"}))
+    for implementation in implementations:
+        model.set_attn_implementation(implementation)
+        for mode in paths(auto_name):
+            model.config.unpad_inputs = mode
+            with torch.no_grad():
+                batched = tensors(model(**inputs))
+            for row, expected in alone.items():
+                for key, value in expected.items():
+                    actual = batched[key][row : row + 1]
+                    if per_token(auto_name, key):
+                        actual = actual[:, : PADDED_ROWS[row]]
+                    what = f"{implementation}, unpad_inputs={mode!r}, row {row} of {PADDED_ROWS[row]} tokens: {key}"
+                    assert actual.shape == value.shape, what
+                    assert max_diff(actual, value) <= TOLERANCE, what
 
 
 @models
@@ -571,7 +597,7 @@ def test_attentions_take_gradients(name):
     assert all(attentions.grad is not None for attentions in output.attentions)
 
 
-@head_params([(name, name, auto_name, {}) for name, auto_name in MODEL_HEADS] + VARIANT_HEADS)
+@head_params(EVERY_HEAD)
 def test_every_parameter_gets_a_gradient(variant, name, auto_name, overrides):
     model = build(name, auto_name, **overrides).train()
     training_loss(model(**padded_inputs(auto_name))).backward()

@@ -17,6 +17,7 @@ import torch
 import torch.nn.attention.flex_attention as torch_flex
 from helpers.modeling import make_batch, max_diff, tiny_config
 
+from posformers import deberta_kernels as kernels
 from posformers import modeling_deberta as deberta
 from posformers.configuration_deberta import DebertaConfig
 from posformers.modeling_deberta import DebertaForMaskedLM, DebertaForReplacedTokenDetection, DebertaModel
@@ -47,7 +48,7 @@ def flex_trains(monkeypatch, device):
     """On CPU, FlexAttention's autograd in its reference mode (see the module docstring); on CUDA, nothing to do."""
     if device == "cpu":
         monkeypatch.setattr(torch_flex, "_validate_device", lambda *tensors: None)
-        monkeypatch.setattr(deberta, "FLEX_BACKWARD_DEVICES", ("cpu",))
+        monkeypatch.setattr(kernels, "FLEX_BACKWARD_DEVICES", ("cpu",))
 
 
 def batch(device: str, layout: str) -> dict[str, torch.Tensor]:
@@ -189,9 +190,9 @@ def test_fused_builds_no_pairwise_tensor(layout, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the fused path built a pairwise tensor")
 
-    monkeypatch.setattr(deberta, "gather_position_bias", refuse)
-    monkeypatch.setattr(deberta.RelativePositions, "p2c_index", property(refuse))
-    monkeypatch.setattr(deberta.RelativePositions, "c2p_index", property(refuse))
+    monkeypatch.setattr(kernels, "gather_position_bias", refuse)
+    monkeypatch.setattr(kernels.RelativePositions, "p2c_index", property(refuse))
+    monkeypatch.setattr(kernels.RelativePositions, "c2p_index", property(refuse))
     torch.manual_seed(0)
     model = with_implementation(DebertaForMaskedLM(config("v3", emd_steps=2)).eval(), "posformers_fused", layout)
     with torch.no_grad():
@@ -206,7 +207,7 @@ def test_fused_builds_no_pairwise_tensor(layout, monkeypatch):
 def test_kernel_distance_rows_equal_the_pair_indices(length):
     """The (2P - 1) vector the kernel reads gives, at i - j + P - 1, the row of the (L, L) indices the gathers read."""
     positions = deberta.relative_positions(length, config("v3"), torch.device("cpu"))
-    p2c_rows, c2p_columns, offset = deberta.kernel_distance_rows(positions)
+    p2c_rows, c2p_columns, offset = kernels.kernel_distance_rows(positions)
     assert offset + 1 >= length and (offset + 1) & offset == 0  # a power of two, at least L
     i, j = torch.meshgrid(torch.arange(length), torch.arange(length), indexing="ij")
     assert torch.equal(p2c_rows[i - j + offset], positions.p2c_index)
@@ -229,7 +230,7 @@ def test_document_block_mask_keeps_each_token_in_its_sequence():
     document = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     expected = document[:, None] == document[None, :]
     for block in (4, 8, 32):
-        mask = deberta.document_block_mask(cu_seqlens, length, block_size=block)
+        mask = kernels.document_block_mask(cu_seqlens, length, block_size=block)
         assert torch.equal(attended_keys(mask, 1, length)[0], expected), block
 
 
@@ -239,7 +240,7 @@ def test_key_padding_block_mask_hides_padded_keys_only():
     key_mask[2, :] = False
     key_mask[2, 4] = key_mask[2, 9] = True  # holes are masked as well as right padding
     for block in (4, 8, 32):
-        mask = deberta.key_padding_block_mask(key_mask, block_size=block)
+        mask = kernels.key_padding_block_mask(key_mask, block_size=block)
         assert torch.equal(attended_keys(mask, 3, 21), key_mask[:, None, :].expand(3, 21, 21)), block
 
 
@@ -261,11 +262,12 @@ def test_default_and_fallbacks(device, caplog, monkeypatch):
     assert max_diff(actual, expected, mask) <= 1e-5
     model.config.attention_probs_dropout_prob = 0.1
     dropout = DebertaModel(model.config).to(device).train()
-    assert dropout.encoder.layer[0].attention.self.implementation(torch.zeros(1, device=device), None, False) == "sdpa"
+    query = torch.zeros(1, device=device)
+    assert kernels.choose_implementation(dropout.encoder.layer[0].attention.self, query, None, False) == "sdpa"
     attention = model.encoder.layer[0].attention.self
-    assert attention.implementation(torch.zeros(1, device=device), None, False) == "posformers_fused"
-    monkeypatch.setattr(deberta, "is_torchdynamo_compiling", lambda: True)
-    compiled = attention.implementation(torch.zeros(1, device=device), None, False)
+    assert kernels.choose_implementation(attention, query, None, False) == "posformers_fused"
+    monkeypatch.setattr(kernels, "is_torchdynamo_compiling", lambda: True)
+    compiled = kernels.choose_implementation(attention, query, None, False)
     assert compiled == ("sdpa" if device == "cpu" else "posformers_fused")
 
 

@@ -26,16 +26,17 @@ from posformers import (
     LittleBirdForSequenceClassification,
     LittleBirdForTokenClassification,
     LittleBirdModel,
+    littlebird_kernels,
     modeling_littlebird,
 )
 from posformers.configuration_littlebird import AUTO_MAP
-from posformers.modeling_littlebird import (
+from posformers.littlebird_kernels import (
     BlockSparseLayout,
-    alibi_slopes,
     bialibi_distances,
     unpack_sliding_window_attention,
     window_key_blocks,
 )
+from posformers.modeling_littlebird import alibi_slopes
 
 TOL = 1e-5
 HEADS = auto_heads(AUTO_MAP)
@@ -193,7 +194,7 @@ def attention_chunks(request, monkeypatch):
     """Run the kernel in one chunk of query blocks (the tiny sizes here) or in several, uneven ones."""
     elements = {"one-chunk": None, "several-chunks": 5 * 3 * 8 * 40, "chunks-of-1-block": 1}[request.param]
     if elements is not None:
-        monkeypatch.setattr(modeling_littlebird, "ATTENTION_CHUNK_ELEMENTS", elements)
+        monkeypatch.setattr(littlebird_kernels, "ATTENTION_CHUNK_ELEMENTS", elements)
 
 
 @pytest.mark.parametrize("path", ["sdpa", "explicit", "grad"])
@@ -286,7 +287,7 @@ def test_model_matches_model_with_dense_attention(monkeypatch, global_prefix_len
         )  # fmt: skip
         return context, None
 
-    monkeypatch.setitem(modeling_littlebird.UNPACK_SLIDING_WINDOW_KERNELS, "eager", dense_kernel)
+    monkeypatch.setitem(littlebird_kernels.UNPACK_SLIDING_WINDOW_KERNELS, "eager", dense_kernel)
     with torch.no_grad():
         expected = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
     assert max_diff(actual.last_hidden_state, expected.last_hidden_state, attention_mask) <= TOL
@@ -363,7 +364,7 @@ def test_sparsity_pattern_in_a_one_layer_model(query_block, changed, may_change)
 def bialibi_bias(distances, alpha, beta, gamma):
     """The BiALiBi bias (H, *shape) subtracted from the logits: the model's slope coefficients weighing the channels
     of `bialibi_distances` (3, *shape)."""
-    coefficients = modeling_littlebird.bialibi_coefficients(alpha, beta, gamma).to(distances.dtype)
+    coefficients = littlebird_kernels.bialibi_coefficients(alpha, beta, gamma).to(distances.dtype)
     return (coefficients @ distances.flatten(1)).view(-1, *distances.shape[1:])
 
 
@@ -399,7 +400,7 @@ def test_layout_biases_packed_keys_with_the_constant():
     bias = bialibi_bias(features[:3], alpha, beta, gamma)
     assert torch.allclose(bias[..., :3], packed_key_bias(beta, gamma, 4))
     assert (features[3, ..., :3] == 0).all() and (features[3, ..., 3] == 1).all()  # the pack padding is masked
-    additive = modeling_littlebird.bias_coefficients(alpha, beta, gamma, layout) @ layout.bias_features
+    additive = littlebird_kernels.bias_coefficients(alpha, beta, gamma, layout) @ layout.bias_features
     additive = additive.view(layout.num_blocks, 4, layout.keys_per_block)
     assert torch.allclose(additive[..., :3], -packed_key_bias(beta, gamma, 4))
     assert (additive[..., 3] == torch.finfo(torch.float32).min).all()
@@ -422,25 +423,6 @@ def test_slopes_start_at_alibi_values_or_a_constant():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_outputs_at_real_tokens_do_not_depend_on_padding():
-    model = tiny_model(LittleBirdModel, pack_length=6)
-    lengths = [41, 29, 16, 13, 7, 1]
-    input_ids, attention_mask, token_type_ids = right_padded_batch(lengths, 41)
-    with torch.no_grad():
-        batched = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        longer = model(
-            torch.nn.functional.pad(input_ids, (0, 30)),
-            attention_mask=torch.nn.functional.pad(attention_mask, (0, 30)),
-            token_type_ids=torch.nn.functional.pad(token_type_ids, (0, 30)),
-        )
-        for row, length in enumerate(lengths):
-            alone = model(input_ids[row : row + 1, :length], token_type_ids=token_type_ids[row : row + 1, :length])
-            for output in (batched, longer):
-                diff = (output.last_hidden_state[row, :length] - alone.last_hidden_state[0]).abs().max().item()
-                assert diff <= TOL, (row, length, diff)
-                assert (output.pack_states[row] - alone.pack_states[0]).abs().max().item() <= TOL
-
-
 def test_feed_forward_in_chunks_of_tokens_gives_the_same_outputs():
     model = tiny_model(LittleBirdModel)
     input_ids, attention_mask, _ = right_padded_batch([23, 16, 3], 23)
@@ -456,9 +438,9 @@ def test_global_prefix_gives_the_same_outputs_padded_and_padding_free(monkeypatc
     model = tiny_model(LittleBirdModel, pack_length=5, global_prefix_length=3)
     input_ids, attention_mask, token_type_ids = right_padded_batch([27, 19, 6, 2], 27)
     packed_passes = []
-    original = modeling_littlebird.group_layouts
+    original = littlebird_kernels.group_layouts
     monkeypatch.setattr(
-        modeling_littlebird, "group_layouts", lambda *args: packed_passes.append(args) or original(*args)
+        littlebird_kernels, "group_layouts", lambda *args: packed_passes.append(args) or original(*args)
     )
     outputs = {}
     for mode in ("never", "always"):
@@ -660,7 +642,9 @@ def test_save_load_round_trip_and_auto_classes(tmp_path):
     model = tiny_model(LittleBirdForQuestionAnswering, bialibi_init=0.5)
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
-    assert {"configuration_littlebird.py", "modeling_littlebird.py"} <= {p.name for p in tmp_path.iterdir()}
+    assert {"configuration_littlebird.py", "modeling_littlebird.py", "littlebird_kernels.py"} <= {
+        p.name for p in tmp_path.iterdir()
+    }
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "littlebird" and saved["auto_map"] == AUTO_MAP
     assert "max_position_embeddings" not in saved

@@ -20,7 +20,7 @@ import torch.nn.attention.flex_attention as torch_flex
 from helpers.modeling import max_diff, tiny_config
 
 from posformers import attention
-from posformers import modeling_littlebird as littlebird
+from posformers import littlebird_kernels as littlebird
 from posformers.configuration_littlebird import LittleBirdConfig
 from posformers.modeling_littlebird import LittleBirdModel
 
@@ -221,8 +221,16 @@ def test_default_and_fallbacks(device, caplog):
     assert all(torch.equal(a, e) for a, e in zip(actual.attentions, expected.attentions, strict=True))
     attention = model.encoder.layer[0].attention.self
     if device == "cpu":
-        assert not attention.fused_kernel_runs(torch.zeros(1, requires_grad=True))
+        assert not fused_kernel_runs(attention, torch.zeros(1, requires_grad=True))
     dropout = LittleBirdModel(config(attention_probs_dropout_prob=0.1)).to(device).train()
-    assert not dropout.encoder.layer[0].attention.self.fused_kernel_runs(torch.zeros(1, device=device))
+    assert not fused_kernel_runs(dropout.encoder.layer[0].attention.self, torch.zeros(1, device=device))
     with torch.no_grad():  # inference runs the fused kernel on every device
-        assert attention.fused_kernel_runs(torch.zeros(1, device=device))
+        assert fused_kernel_runs(attention, torch.zeros(1, device=device))
+
+
+def fused_kernel_runs(attention, query) -> bool:
+    """Whether the kernel choice of a "posformers_fused" model's USWAttn `attention` runs the fused kernel for `query`
+    in the module's mode."""
+    dropout = attention.attention_dropout if attention.training else 0.0
+    kernel = littlebird.unpack_sliding_window_kernel("posformers_fused", query, attention.alpha, dropout, False)
+    return kernel is littlebird.UNPACK_SLIDING_WINDOW_KERNELS["posformers_fused"]

@@ -13,14 +13,10 @@ import pytest
 import torch
 from helpers.modeling import tiny_config
 
-from posformers import modeling_littlebird
+from posformers import littlebird_kernels, modeling_littlebird
 from posformers.configuration_littlebird import LittleBirdConfig
-from posformers.modeling_littlebird import (
-    BlockSparseLayout,
-    LittleBirdForMaskedLM,
-    attention_dropout_keep,
-    unpack_sliding_window_attention,
-)
+from posformers.littlebird_kernels import BlockSparseLayout, attention_dropout_keep, unpack_sliding_window_attention
+from posformers.modeling_littlebird import LittleBirdForMaskedLM
 
 TOLERANCE = 1e-5
 HEADS, HEAD_DIM = 3, 8
@@ -44,7 +40,7 @@ def attention_chunks(request, monkeypatch):
     """Query blocks per chunk: all of them (the tiny sizes here), a few, or one."""
     elements = {"one-chunk": None, "several-chunks": 2 * HEADS * 40 * HEAD_DIM, "chunks-of-1-block": 1}[request.param]
     if elements is not None:
-        monkeypatch.setattr(modeling_littlebird, "LEAN_ATTENTION_CHUNK_ELEMENTS", elements)
+        monkeypatch.setattr(littlebird_kernels, "LEAN_ATTENTION_CHUNK_ELEMENTS", elements)
 
 
 def attention_mask_of(lengths, width, padding):
@@ -133,7 +129,7 @@ def explicit_with_masks(inputs, layout, dropout, seed, chunk_blocks):
             for index, start in enumerate(range(0, batch * n, chunk_blocks))
         ]
     )
-    value_rows = modeling_littlebird._key_rows(pack_value, value, layout)
+    value_rows = littlebird_kernels._key_rows(pack_value, value, layout)
     value_windows = value_rows[layout.key_index].transpose(1, 2)  # (B n, H, w, d_h)
     context = torch.matmul(weights * keep, value_windows).transpose(1, 2)  # (B n, b, H, d_h)
     return context.reshape(batch, n * b, heads, head_dim)[:, :seq_len]
@@ -143,7 +139,7 @@ def explicit_with_masks(inputs, layout, dropout, seed, chunk_blocks):
 def test_dropout_gradients_equal_the_explicit_products_with_the_same_masks(case, monkeypatch):
     """The backward regenerates the forward's masks from the saved seed: gradients equal those of the explicit
     products under the masks `attention_dropout_keep` gives (one query block per chunk here)."""
-    monkeypatch.setattr(modeling_littlebird, "LEAN_ATTENTION_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(littlebird_kernels, "LEAN_ATTENTION_CHUNK_ELEMENTS", 1)
     inputs, layout, _ = kernel_inputs(case)
     dropout = 0.3
     torch.manual_seed(7)
@@ -175,7 +171,7 @@ def test_dropout_masks_differ_between_calls_and_follow_the_global_seed():
 def test_lean_path_passes_gradcheck_in_float64(dropout, monkeypatch):
     """Finite differences on every input and slope, over chunks of one query block; with dropout, each evaluation
     reseeds the global generator, so that every call draws the same masks."""
-    monkeypatch.setattr(modeling_littlebird, "LEAN_ATTENTION_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(littlebird_kernels, "LEAN_ATTENTION_CHUNK_ELEMENTS", 1)
     inputs, layout, attention_mask = kernel_inputs("blocks-of-2", dtype=torch.float64, heads=2, head_dim=3)
 
     def real_context(*tensors):
@@ -193,12 +189,12 @@ def test_lean_path_passes_gradcheck_in_float64(dropout, monkeypatch):
 
 def explicit_kernel(monkeypatch):
     """Run every layer's USWAttn through the explicit products (as need_weights does), dropping the weights."""
-    kernel = modeling_littlebird.unpack_sliding_window_attention
+    kernel = littlebird_kernels.unpack_sliding_window_attention
 
     def explicit(*args, **kwargs):
         return kernel(*args, **{**kwargs, "need_weights": True})[0], None
 
-    monkeypatch.setitem(modeling_littlebird.UNPACK_SLIDING_WINDOW_KERNELS, "eager", explicit)
+    monkeypatch.setitem(littlebird_kernels.UNPACK_SLIDING_WINDOW_KERNELS, "eager", explicit)
 
 
 def model_gradients(model, inputs):

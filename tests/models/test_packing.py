@@ -1,4 +1,4 @@
-"""The padding-free core shared by the three models (posformers/packing.py): packing, length groups, grouped attention
+"""The padding-free core shared by the three models (posformers/packing.py): packing, length groups, running per group
 and the packing decision."""
 
 import types
@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from posformers import packing as packing_module
 from posformers.packing import (
     attention_groups,
-    grouped_attention,
     is_right_padded,
     pack_flattened,
     pack_padded,
     plan_packing,
+    run_in_groups,
 )
 
 
@@ -99,7 +99,7 @@ def test_is_right_padded():
     assert not is_right_padded(torch.tensor([[1, 0, 1]]))  # a hole
 
 
-# --- Length groups and grouped attention -----------------------------------------------------------------------------
+# --- Length groups and running per group -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("multiple_of", [1, 4])
@@ -139,7 +139,7 @@ def sdpa_attend(group, query, key, value):
 
 
 @pytest.mark.parametrize("overhead", [0, 10**12], ids=["many-groups", "one-group"])
-def test_grouped_attention_equals_the_padded_computation(overhead, monkeypatch):
+def test_attention_run_in_groups_equals_the_padded_computation(overhead, monkeypatch):
     monkeypatch.setattr(packing_module, "GROUP_OVERHEAD", {"cpu": overhead})
     lengths, width = [11, 3, 0, 7, 11, 1], 11
     mask = right_padded_mask(lengths, width)
@@ -153,15 +153,16 @@ def test_grouped_attention_equals_the_padded_computation(overhead, monkeypatch):
         attn_mask=mask.bool()[:, None, None] | (mask.sum(-1) == 0)[:, None, None, None],
     ).transpose(1, 2)
     packing = pack_padded(mask)
-    actual = grouped_attention(packing, sdpa_attend, *(packing.pack(t) for t in (query, key, value)))
+    actual = run_in_groups(packing, sdpa_attend, *(packing.pack(t) for t in (query, key, value)))
     assert actual.shape == (1, sum(lengths), 2, 4)
     assert (actual[0] - expected[mask.bool()]).abs().max() <= 1e-6
     assert (len(packing.groups()) == 1) == (overhead == 10**12)
+    assert packing.groups() is packing.groups(1) and packing.groups(4) is packing.groups(4)  # built once per pass
 
 
-def test_grouped_attention_of_a_batch_of_padding_is_empty():
+def test_run_in_groups_of_a_batch_of_padding_is_empty():
     packing = pack_padded(torch.zeros(2, 3, dtype=torch.long))
-    output = grouped_attention(packing, sdpa_attend, *(torch.zeros(1, 0, 2, 4) for _ in range(3)))
+    output = run_in_groups(packing, sdpa_attend, *(torch.zeros(1, 0, 2, 4) for _ in range(3)))
     assert output.shape == (1, 0, 2, 4)
 
 

@@ -175,12 +175,12 @@ def test_set_attn_implementation_switches_the_kernel(monkeypatch):
     """Regression: transformers guesses from a module's source whether its attention kernel can be switched, and
     guessed wrong for DeBERTa, so `set_attn_implementation` only warned and every pass stayed on sdpa (the eager and
     fused comparisons above compared sdpa with itself)."""
-    import posformers.modeling_deberta as modeling
+    import posformers.deberta_kernels as kernels
 
     calls = []
-    eager = modeling.ATTENTION_KERNELS["eager"]
+    eager = kernels.ATTENTION_KERNELS["eager"]
     monkeypatch.setitem(
-        modeling.ATTENTION_KERNELS, "eager", lambda *args, **kwargs: calls.append(1) or eager(*args, **kwargs)
+        kernels.ATTENTION_KERNELS, "eager", lambda *args, **kwargs: calls.append(1) or eager(*args, **kwargs)
     )
     model = build("AutoModel", SMALLEST)
     for implementation in ("eager", "posformers_fused", "sdpa"):

@@ -43,7 +43,7 @@ from posformers import (
     LittleBirdForSequenceClassification,
     LittleBirdForTokenClassification,
     LittleBirdModel,
-    modeling_littlebird,
+    littlebird_kernels,
 )
 
 TOL = 1e-9
@@ -124,8 +124,8 @@ def test_every_path_gives_the_same_finite_outputs(fields, seed, data):
             "training kernel, padding-free": run(model, batch, "always", grad=True, output_hidden_states=True),
         }
         with (
-            mock.patch.object(modeling_littlebird, "ATTENTION_CHUNK_ELEMENTS", chunk_elements),
-            mock.patch.object(modeling_littlebird, "LEAN_ATTENTION_CHUNK_ELEMENTS", chunk_elements),
+            mock.patch.object(littlebird_kernels, "ATTENTION_CHUNK_ELEMENTS", chunk_elements),
+            mock.patch.object(littlebird_kernels, "LEAN_ATTENTION_CHUNK_ELEMENTS", chunk_elements),
         ):
             outputs["chunked"] = run(model, batch, "never")
             outputs["training kernel, chunked"] = run(model, batch, "never", grad=True)
@@ -163,8 +163,8 @@ def test_the_fused_attention_matches_the_block_sparse_products(fields, seed, dat
         outputs = {"block-sparse": run(model, batch, "never")}
         model.config._attn_implementation = "posformers_fused"
         with (
-            mock.patch.object(modeling_littlebird, "flex_attention_kernel", lambda device_type: flex_attention),
-            mock.patch.object(modeling_littlebird, "FLEX_CPU_DTYPES", DTYPES),
+            mock.patch.object(littlebird_kernels, "flex_attention_kernel", lambda device_type: flex_attention),
+            mock.patch.object(littlebird_kernels, "FLEX_CPU_DTYPES", DTYPES),
         ):
             outputs["fused"] = run(model, batch, "never")
             outputs["fused, padding-free"] = run(model, batch, "always")

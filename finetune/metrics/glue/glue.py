@@ -8,6 +8,7 @@ import datasets
 import evaluate
 
 from posformers.finetune.glue_metrics import TASK_METRICS, glue_metrics
+from posformers.finetune.metrics import metric_info
 
 _DESCRIPTION = "The GLUE metrics of each task: Matthews correlation (cola), accuracy, F1 (mrpc, qqp), Pearson and "
 _DESCRIPTION += "Spearman correlation (stsb); combined_score is their mean where a task has two."
@@ -34,13 +35,7 @@ class Glue(evaluate.Metric):
                 f"config_name must be a GLUE task, one of {', '.join(TASK_METRICS)}; got {self.config_name!r}"
             )
         value = datasets.Value("float64" if self.config_name == "stsb" else "int64")
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_INPUTS,
-            features=datasets.Features({"predictions": value, "references": value}),
-            reference_urls=["https://gluebenchmark.com/"],
-        )
+        return metric_info(_DESCRIPTION, _CITATION, _INPUTS, value, value, "https://gluebenchmark.com/")
 
     def _compute(self, predictions, references):
         return glue_metrics(self.config_name, predictions, references)

@@ -9,6 +9,7 @@ posformers.finetune.ner_metrics (seqeval's default mode, tested against the seqe
 import datasets
 import evaluate
 
+from posformers.finetune.metrics import metric_info
 from posformers.finetune.ner_metrics import OVERALL, ner_metrics
 
 _DESCRIPTION = "Entity-level precision, recall and F1 (micro over types, and per type) and word accuracy, as seqeval."
@@ -32,13 +33,7 @@ _CITATION = """@misc{seqeval,
 class Seqeval(evaluate.Metric):
     def _info(self):
         tags = datasets.Sequence(datasets.Value("string"))
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_INPUTS,
-            features=datasets.Features({"predictions": tags, "references": tags}),
-            reference_urls=["https://github.com/chakki-works/seqeval"],
-        )
+        return metric_info(_DESCRIPTION, _CITATION, _INPUTS, tags, tags, "https://github.com/chakki-works/seqeval")
 
     def _compute(self, predictions, references):
         scores = ner_metrics(references, predictions)

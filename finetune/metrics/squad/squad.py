@@ -9,6 +9,7 @@ evaluate-v1.1.py rules). config_name "triviaqa" scores with TriviaQA's normalisa
 import datasets
 import evaluate
 
+from posformers.finetune.metrics import metric_info, squad_references
 from posformers.finetune.qa_metrics import NORMALIZERS, squad_v1
 
 _DESCRIPTION = "SQuAD v1.1: exact match and token-bag F1 (percentages), the best over each question's gold answers."
@@ -32,23 +33,9 @@ class Squad(evaluate.Metric):
     def _info(self):
         if self.config_name not in ("default", *NORMALIZERS):
             raise KeyError(f"config_name must be one of default, {', '.join(NORMALIZERS)}; got {self.config_name!r}")
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_INPUTS,
-            features=datasets.Features(
-                {
-                    "predictions": {"id": datasets.Value("string"), "prediction_text": datasets.Value("string")},
-                    "references": {
-                        "id": datasets.Value("string"),
-                        "answers": datasets.Sequence(
-                            {"text": datasets.Value("string"), "answer_start": datasets.Value("int32")}
-                        ),
-                    },
-                }
-            ),
-            reference_urls=["https://rajpurkar.github.io/SQuAD-explorer/"],
-        )
+        prediction = {"id": datasets.Value("string"), "prediction_text": datasets.Value("string")}
+        url = "https://rajpurkar.github.io/SQuAD-explorer/"
+        return metric_info(_DESCRIPTION, _CITATION, _INPUTS, prediction, squad_references(), url)
 
     def _compute(self, predictions, references):
         normalizer = "squad" if self.config_name == "default" else self.config_name

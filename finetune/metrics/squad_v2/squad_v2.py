@@ -10,6 +10,7 @@ means "no answer"; posformers-qa passes its null odds) gives the best-threshold 
 import datasets
 import evaluate
 
+from posformers.finetune.metrics import metric_info, squad_references
 from posformers.finetune.qa_metrics import squad_v2
 
 _DESCRIPTION = "SQuAD v2.0: exact match and F1 with unanswerable questions, their HasAns/NoAns breakdown and the "
@@ -34,27 +35,13 @@ _CITATION = """@inproceedings{rajpurkar-etal-2018-know,
 
 class SquadV2(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_INPUTS,
-            features=datasets.Features(
-                {
-                    "predictions": {
-                        "id": datasets.Value("string"),
-                        "prediction_text": datasets.Value("string"),
-                        "no_answer_probability": datasets.Value("float64"),
-                    },
-                    "references": {
-                        "id": datasets.Value("string"),
-                        "answers": datasets.Sequence(
-                            {"text": datasets.Value("string"), "answer_start": datasets.Value("int32")}
-                        ),
-                    },
-                }
-            ),
-            reference_urls=["https://rajpurkar.github.io/SQuAD-explorer/"],
-        )
+        prediction = {
+            "id": datasets.Value("string"),
+            "prediction_text": datasets.Value("string"),
+            "no_answer_probability": datasets.Value("float64"),
+        }
+        url = "https://rajpurkar.github.io/SQuAD-explorer/"
+        return metric_info(_DESCRIPTION, _CITATION, _INPUTS, prediction, squad_references(), url)
 
     def _compute(self, predictions, references, no_answer_threshold: float = 1.0):
         answers = {p["id"]: p["prediction_text"] for p in predictions}
