@@ -2,13 +2,7 @@
 
 Field names and meanings are those of the official `config.json` files (and of transformers' `DebertaConfig` /
 `DebertaV2Config`, which use the same names), so an official config file loads as it is, whether it says model_type
-"deberta" or "deberta-v2". On top of them:
-
-* `projection_layout`: how the attention projections are stored. "separate" (v2/v3: `query_proj`, `key_proj`,
-  `value_proj`, `pos_key_proj`, `pos_query_proj`) or "fused" (v1: `in_proj` without bias plus `q_bias` / `v_bias`,
-  `pos_proj` without bias, `pos_q_proj`). Both compute the same function; the layout only fixes the parameter names
-  and which biases exist, so v1 checkpoints load and save under their own key names.
-* `emd_steps`: how many times the Enhanced Mask Decoder applies the last encoder layer (the official code: 2).
+"deberta" or "deberta-v2"; the fields posformers adds are documented on `DebertaConfig`.
 
 `model_type` is "posformers-deberta": transformers already registers "deberta" and "deberta-v2", and a folder saved
 under either name would silently load as transformers' classes.

@@ -1,12 +1,8 @@
 """RoFormer configuration.
 
 Field names and meanings follow transformers' `RoFormerConfig`, so a `config.json` written for transformers' RoFormer
-(or published with the junnyu/roformer_* checkpoints) loads as it is. On top of them:
-
-* rotary position options: `rope_parameters` (transformers' format), `rotary_dim` / `partial_rotary_factor`,
-  `rope_layout`;
-* RoFormer-v2 options: `norm_type`, `use_bias`;
-* `attention_kernel`: softmax attention or the RoFormer paper's linear attention.
+(or published with the junnyu/roformer_* checkpoints) loads as it is; the fields posformers adds (rotary options,
+RoFormer-v2's, linear attention) are documented on `RoFormerConfig`.
 
 `model_type` is "posformers-roformer", not "roformer": transformers already registers "roformer", and a folder saved
 with that name would silently load as transformers' class.

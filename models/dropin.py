@@ -1,14 +1,8 @@
-"""posformers inside other libraries (docs/drop-in.md): transformers' DeBERTa, DeBERTa-v2 and RoFormer models run on
-posformers' code with one line, and their checkpoints stay as they are.
-
-    posformers.enable()                     # transformers' Auto classes now build posformers' models for
-    model = AutoModel.from_pretrained(...)  # "deberta", "deberta-v2" and "roformer" configs
-    model = posformers.optimize(model)      # a model already built (alone or inside another library), in place
-
-The classes built here carry transformers' class names, take and keep transformers' configs and parameter names, and
-save transformers' files (no `auto_map`, no model code). Question answering heads and configs posformers refuses stay
-transformers' code, with one warning line saying why; DeBERTa's masked-LM models keep transformers' head over a
-posformers encoder. This module is not part of the files `save_pretrained` copies for `trust_remote_code` users.
+"""posformers inside other libraries (docs/drop-in.md): `posformers.enable()` makes transformers' Auto classes build
+posformers' models for "deberta", "deberta-v2" and "roformer" configs, and `posformers.optimize(model)` converts a
+model already built, in place. The classes built here carry transformers' class names, configs, parameter names and
+files (no `auto_map`, no model code); this module is not part of the files `save_pretrained` copies for
+`trust_remote_code` users.
 """
 
 from __future__ import annotations
@@ -48,9 +42,7 @@ QA_REASON = (
 )
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # Configs: posformers' config under transformers' model_type, read from and written as transformers' format
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 class TransformersFormat:
@@ -133,9 +125,7 @@ class RoFormerFormat(TransformersFormat, RoFormerConfig):
     transformers_config = transformers.RoFormerConfig
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # Models: posformers' classes under transformers' names and configs
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 class DropInModel:
@@ -237,9 +227,9 @@ FAMILIES = (
     Family("roformer", "RoFormer", modeling_roformer, "RoFormer", RoFormerFormat, RoFormerDropIn, ROFORMER_HEADS),
 )
 DROP_IN: dict[type, type] = {theirs: ours for family in FAMILIES for theirs, ours in family.classes.items()}
-# transformers' classes that keep their head and run a posformers encoder (see the module's docstring)
+# DeBERTa's masked-LM models keep transformers' head (its legacy layout by default) over a posformers encoder
 HEAD_OVER_ENCODER = {transformers.DebertaForMaskedLM, transformers.DebertaV2ForMaskedLM}
-# transformers' classes of these families that keep their own code (see the module's docstring)
+# transformers' classes of these families that keep their own code, with one warning line (QA_REASON says why)
 KEPT = {
     getattr(transformers, family.prefix + "ForQuestionAnswering"): QA_REASON
     for family in FAMILIES
@@ -301,9 +291,7 @@ def config_for(stand_in, config):
     return config
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # enable / disable / enabled
-# ---------------------------------------------------------------------------------------------------------------------
 
 _lock = threading.RLock()
 # (Auto class name, config class) -> what its mapping held there before enable(); present while enabled
@@ -371,9 +359,7 @@ def enabled() -> Iterator[None]:
             disable()
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # optimize
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _wrapped(model: nn.Module) -> str | None:

@@ -38,23 +38,6 @@ def per_item_loss(loss: torch.Tensor, labels: torch.Tensor, num_items_in_batch=N
     return loss * count / num_items_in_batch
 
 
-def maybe_tuple(output, return_dict, config):
-    """The head's `ModelOutput`, or its tuple when `return_dict` (else `config.return_dict`) is off."""
-    return_dict = return_dict if return_dict is not None else config.return_dict
-    return output if return_dict else output.to_tuple()
-
-
-def count_choices(head: nn.Module, input_ids, inputs_embeds) -> int:
-    """The choice dimension of a multiple-choice input, or a clear error for an input without one."""
-    reference = input_ids if input_ids is not None else inputs_embeds
-    if reference is None or reference.dim() < 3:
-        raise ValueError(
-            f"{type(head).__name__} expects input_ids of shape (batch, num_choices, seq_len) or inputs_embeds of "
-            "shape (batch, num_choices, seq_len, embedding width)"
-        )
-    return reference.shape[1]
-
-
 def flatten_choices(tensor: torch.Tensor | None, dims: int = 2) -> torch.Tensor | None:
     """(B, C, ...) -> (B * C, ...), a tensor of `dims` dimensions with the choices folded into the batch."""
     return tensor.reshape(-1, *tensor.shape[-dims + 1 :]) if tensor is not None else None
@@ -344,8 +327,7 @@ class OnlyMLMHead(nn.Module):
 
 
 def replace_decoder(prediction_head: nn.Module, new_embeddings: nn.Module) -> None:
-    """`set_output_embeddings` of a masked-LM head that holds its decoder as `decoder` and its bias as `bias` (where
-    transformers' default, which looks for `lm_head`, finds nothing)."""
+    """`set_output_embeddings` of a head holding `decoder` and `bias` (transformers' default looks for `lm_head`)."""
     prediction_head.decoder = new_embeddings
     if new_embeddings.bias is not None:
         prediction_head.bias = new_embeddings.bias
@@ -355,7 +337,8 @@ def head_output(output_class, base_outputs, config, return_dict, **fields):
     """A head's `output_class` holding `fields` and its base model's hidden_states and attentions, or its tuple when
     `return_dict` (else `config.return_dict`) is off."""
     fields = {"hidden_states": base_outputs.hidden_states, "attentions": base_outputs.attentions, **fields}
-    return maybe_tuple(output_class(**fields), return_dict, config)
+    output = output_class(**fields)
+    return output if (return_dict if return_dict is not None else config.return_dict) else output.to_tuple()
 
 
 def flatten_choice_batch(
@@ -366,7 +349,13 @@ def flatten_choice_batch(
     compare and is refused."""
     attention_mask, position_ids = flatten_choices(attention_mask), flatten_choices(position_ids)
     refuse_flattened(head, position_ids, attention_mask, kwargs)
-    num_choices = count_choices(head, input_ids, inputs_embeds)
+    reference = input_ids if input_ids is not None else inputs_embeds
+    if reference is None or reference.dim() < 3:
+        raise ValueError(
+            f"{type(head).__name__} expects input_ids of shape (batch, num_choices, seq_len) or inputs_embeds of "
+            "shape (batch, num_choices, seq_len, embedding width)"
+        )
+    num_choices = reference.shape[1]
     inputs = dict(
         input_ids=flatten_choices(input_ids),
         attention_mask=attention_mask,

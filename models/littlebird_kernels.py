@@ -426,9 +426,7 @@ def unpack_sliding_window_attention(
     return torch.cat(contexts).view(batch, n * b, heads, head_dim)[:, :seq_len], None
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # The fused kernel: USWAttn as one FlexAttention call
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 FLEX_ATTENTION_REFUSAL = flex_attention_refusal("LittleBird", "unpack + sliding-window attention")
@@ -598,9 +596,7 @@ def unpack_sliding_window_kernel(implementation: str, query, alpha, dropout: flo
     return UNPACK_SLIDING_WINDOW_KERNELS["eager"]
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # The attention plan of a pass and the dispatch of a layer's attentions on it
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def attention_layout(config, attention_mask, shape, dtype, device) -> BlockSparseLayout:

@@ -419,7 +419,6 @@ class DebertaPreTrainedModel(FusedKernelChoice, HubMethods, PreTrainedModel):
 
     @property
     def base_model_class(self) -> type:
-        """The base model that heads.py's head classes build under `base_model_prefix`."""
         return DebertaModel
 
     @torch.no_grad()

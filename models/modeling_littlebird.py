@@ -323,7 +323,6 @@ class LittleBirdPreTrainedModel(FusedKernelChoice, HubMethods, PreTrainedModel):
 
     @property
     def base_model_class(self) -> type:
-        """The base model that heads.py's head classes build under `base_model_prefix`."""
         return LittleBirdModel
 
     @torch.no_grad()

@@ -409,8 +409,11 @@ class RoFormerPreTrainedModel(HubMethods, PreTrainedModel):
 
     @property
     def base_model_class(self) -> type:
-        """The base model that heads.py's heads build under `base_model_prefix`."""
         return RoFormerModel
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        return True  # attention reads config._attn_implementation on every pass, as FusedKernelChoice says
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -1,7 +1,5 @@
 """Export posformers models to ONNX (docs/integrations.md, "ONNX"): `posformers-export onnx MODEL_DIR OUT_DIR`, or
-`to_onnx(model, out_dir)`. Every head exports with dynamic batch and sequence axes (and choices for multiple choice);
-the model's config and tokenizer files go beside the graph, which onnxruntime then checks against PyTorch at another
-length than the traced one.
+`to_onnx(model, out_dir)`, with dynamic axes, checked by onnxruntime against PyTorch at another length than traced.
 
 How it exports: `torch.onnx.export(dynamo=True)`, traced under `torch.no_grad()` (torch's TorchScript exporter fails
 on LittleBird's attention and mis-broadcasts RoFormer's at other lengths; optimum's requires transformers < 4.58). The

@@ -13,10 +13,6 @@ the weights, a README.md whose YAML metadata lets the Hub index the model:
 A README.md already on the Hub is never replaced: it is uploaded back as it is, with only the metadata keys it lacks
 (and missing tags) added, unless `overwrite_model_card=True` is passed. Only public API is used: transformers'
 `save_pretrained` writes the files, huggingface_hub's `HfApi.create_commit` uploads them with the card.
-
-This module is package-level on purpose: it needs huggingface_hub's card API, and the model files travel to
-`trust_remote_code` users with only torch and transformers. Where posformers is not installed, a model pushes with
-transformers' plain behaviour.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def test_sdpa_equals_eager(is_decoder):
     eager.load_state_dict(sdpa.state_dict())
     eager.set_attn_implementation("eager")
     eager.eval()
-    assert sdpa.config._attn_implementation == "sdpa"
+    assert (sdpa.config._attn_implementation, eager.config._attn_implementation) == ("sdpa", "eager")
     input_ids, attention_mask, token_type_ids = make_batch()
     with torch.no_grad():
         a = sdpa(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
