@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import gc
-import importlib.util
 import json
 import os
 import random
@@ -68,7 +67,7 @@ from torch import nn
 import posformers
 
 from . import deberta, roformer
-from .harness import REPO_ROOT, RESULTS_DIR, ForeignCpuMeter, _log, environment
+from .harness import REPO_ROOT, RESULTS_DIR, ForeignCpuMeter, _log, environment, flash_available, flash_missing
 
 DATA_DIR = REPO_ROOT / "tests" / "data"
 TOKENIZER = REPO_ROOT / "finetune" / "demo_data" / "tokenizer"
@@ -504,14 +503,7 @@ CLIENTS = (
 )
 
 
-def flash_available() -> bool:
-    return importlib.util.find_spec("disentangled_flash") is not None
-
-
-FLASH_MISSING = (
-    "disentangled-flash is not installed (pip install disentangled-flash): GLiNER2's disentangled-flash column is "
-    "left out"
-)
+FLASH_MISSING = flash_missing("GLiNER2's disentangled-flash column")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

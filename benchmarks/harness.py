@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -54,6 +55,19 @@ MEMORY_METHODS = {
         "(oneDNN/BLAS scratch, Python objects) is not counted; the step is run separately from the timed ones."
     ),
 }
+
+# disentangled-flash (DeBERTa attention kernels with a PyTorch backend) is a column of the clients and realbatch
+# suites, not a dependency of posformers: a run without it says so in one line and runs everything else.
+FLASH_INSTALL = "pip install disentangled-flash"
+
+
+def flash_available() -> bool:
+    return importlib.util.find_spec("disentangled_flash") is not None
+
+
+def flash_missing(what: str) -> str:
+    """The one line a run prints when disentangled-flash is not installed and `what` is left out."""
+    return f"disentangled-flash is not installed ({FLASH_INSTALL}): {what} is left out"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ MISSING_MATPLOTLIB = "no plot: matplotlib is not installed (pip install 'posform
 
 
 def plot_realbatch(report: dict[str, Any], path: Path) -> Path:
-    """Grouped bars of real tokens/s: one group per model, workload and mode, one bar per variant; a log axis when the
-    rates span more than a factor of 20. Raises ImportError with MISSING_MATPLOTLIB when matplotlib is absent."""
+    """Grouped bars of real tokens/s: one group per model, workload and mode, one bar per variant (none where a variant
+    did not run: disentangled-flash outside DeBERTa); a log axis when the rates span more than a factor of 20. Raises
+    ImportError with MISSING_MATPLOTLIB when matplotlib is absent."""
     try:
         import matplotlib
 
@@ -30,8 +31,16 @@ def plot_realbatch(report: dict[str, Any], path: Path) -> Path:
     figure, axes = plt.subplots(figsize=(max(6.0, 1.2 * len(cells)), 4.5))
     for index, variant in enumerate(variants):
         offsets = [position + (index - (len(variants) - 1) / 2) * width for position in range(len(cells))]
-        axes.bar(offsets, [cell["variants"][variant]["tokens_per_s"] for cell in cells], width, label=variant)
-    rates = [cell["variants"][variant]["tokens_per_s"] for cell in cells for variant in variants]
+        ran = [
+            (offset, cell["variants"][variant]) for offset, cell in zip(offsets, cells) if variant in cell["variants"]
+        ]
+        axes.bar([offset for offset, _ in ran], [run["tokens_per_s"] for _, run in ran], width, label=variant)
+    rates = [
+        cell["variants"][variant]["tokens_per_s"]
+        for cell in cells
+        for variant in variants
+        if variant in cell["variants"]
+    ]
     if rates and max(rates) > 20 * min(rates):
         axes.set_yscale("log")
     axes.set_xticks(range(len(cells)))

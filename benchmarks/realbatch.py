@@ -1,6 +1,8 @@
 """Padding-free execution on real mixed-length batches: tokens per second of posformers' padding-free path
 (`unpad_inputs="auto"`) and padded path (`"never"`) against transformers' model of the same family, fed batches in
-random order and in the length-grouped order of transformers' `LengthGroupedSampler` (`group_by_length=True`).
+random order and in the length-grouped order of transformers' `LengthGroupedSampler` (`group_by_length=True`); against
+the floor, the model's dense matmuls alone on the real tokens; and, for DeBERTa, against disentangled-flash's PyTorch
+backend on transformers' model.
 
     python -m benchmarks.run --suite realbatch [--quick] [--families roformer deberta littlebird]
 
@@ -19,6 +21,15 @@ Cells: family x workload x mode x variant.
 - Batches are padded on the right to their longest member (a padding collator). An epoch's order is random
   (`torch.randperm` with a fixed seed, what `RandomSampler` does) for every variant but "transformers-grouped", which
   takes `LengthGroupedSampler`'s order with the same seed; incomplete last batches are dropped.
+- The floor (every family): per layer the query, key, value and attention output projections and the feed-forward up
+  and down projections of the model's size (`DenseFloor`), nothing else, on a (real tokens, hidden) matrix of the
+  padding-free variant's batches, same dtype and threads; its training step is those matmuls' forward and backward
+  (gradients of inputs and weights), no loss, no optimizer step. Its FLOPs: `floor_flops`.
+- disentangled-flash (DeBERTa, when the package is installed; else one line says how to install it and the column is
+  left out): transformers' DebertaV2Model on the same weights after `optimize_deberta(model, backend="torch")` (the
+  training step: `inference=False`, as the library asks before an optimizer is built), fed the random-order padded
+  batches through the model call; its inference path runs prepared sequence lengths only, so every batch width of the
+  run is prepared when the model is built and selected (`activate_shape`) before each step, untimed.
 - Modes: inference (eval, `torch.no_grad` forward) and one training step (train mode with dropout 0, so both paths run
   the same kernels: forward, loss, backward, AdamW step). The loss is the mean square of last_hidden_state over real
   tokens, identical for every variant.
@@ -29,14 +40,16 @@ Cells: family x workload x mode x variant.
   timed batch. Where LengthGroupedSampler cannot group (fewer than 8 batches in the epoch: its mega-batches are single
   batches), "transformers-grouped" reports the "transformers" measurement.
 
-Ratios compare time per real token: padding-free / transformers, padding-free / transformers-grouped; "padding cost"
-is padding-free time / (real-token fraction x padded time), 1.0 when padding costs nothing, and memory is padding-free
-/ padded. Before timing, outputs at real tokens are compared once per workload: padding-free vs padded vs transformers.
+Ratios compare time per real token: padding-free / transformers, padding-free / transformers-grouped, padding-free /
+floor, padding-free / disentangled-flash; "padding cost" is padding-free time / (real-token fraction x padded time),
+1.0 when padding costs nothing, and memory is padding-free / padded. Before timing, outputs at real tokens are compared
+once per workload: padding-free vs padded vs transformers (vs disentangled-flash, both of its paths).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import json
 import os
@@ -67,12 +80,15 @@ from .harness import (
     _last_hidden_state,
     _log,
     environment,
+    flash_available,
+    flash_missing,
 )
 
 DATA_DIR = REPO_ROOT / "tests" / "data"
 VOCAB = DATA_DIR / "vocab" / "bert-base-uncased" / "vocab.txt"
 SEED = 0
-VARIANTS = ("padding-free", "padded", "transformers", "transformers-grouped")
+FLOOR, FLASH = "floor", "disentangled-flash"
+VARIANTS = ("padding-free", "padded", "transformers", "transformers-grouped", FLOOR, FLASH)
 MODES = ("inference", "train")
 KINDS = ("posformers", "transformers")
 # Largest |difference| at real tokens for outputs called equal (float32, 12 layers).
@@ -295,6 +311,8 @@ class Family:
     # model suites' results on the 2-core CPU these benchmarks run on.
     seconds_per_ktoken: dict[tuple[str, str], float] = field(default_factory=dict)
     optimizer_step_s: float = 0.0
+    # The reference is a transformers DeBERTa-v2/v3 that disentangled-flash's optimize_deberta takes.
+    flash: bool = False
 
 
 def _sized(base: dict[str, Any], quick: bool) -> dict[str, Any]:
@@ -363,6 +381,7 @@ FAMILIES = {
         build=_deberta_models,
         seconds_per_ktoken=_per_ktoken(inference=(1.15, 1.9), train=(3.5, 5.5)),
         optimizer_step_s=1.0,
+        flash=True,
     ),
     "littlebird": Family(
         "littlebird",
@@ -380,6 +399,121 @@ FAMILIES = {
 
 def supports_unpadding(model: nn.Module) -> bool:
     return hasattr(model.config, "unpad_inputs")
+
+
+FLASH_MISSING = flash_missing("DeBERTa's disentangled-flash column")
+
+
+def flash_models(reference: nn.Module, sequence_lengths: set[int]) -> dict[str, nn.Module]:
+    """Copies of transformers' DeBERTa `reference` on disentangled-flash's PyTorch backend, by mode: the inference path
+    with `sequence_lengths` prepared, and the training path (`inference=False`, its differentiable encoder)."""
+    from disentangled_flash import optimize_deberta
+
+    inference = optimize_deberta(
+        copy.deepcopy(reference).eval(), backend="torch", sequence_lengths=sorted(sequence_lengths)
+    )
+    return {
+        "inference": inference,
+        "train": optimize_deberta(copy.deepcopy(reference), backend="torch", inference=False),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The floor
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class DenseFloor(nn.Module):
+    """The dense matmuls of an encoder of a given size and nothing else: per layer the query, key, value and attention
+    output projections (hidden x hidden) and the feed-forward up (hidden x intermediate) and down projections, on the
+    real tokens of a batch. The floor under any implementation's time: what a model adds to it (embeddings, attention
+    scores, softmax, layer norms, activations, the loss, the optimizer step) is what the ratio to it measures."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_hidden_layers: int):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.layers = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "query": nn.Linear(hidden_size, hidden_size),
+                    "key": nn.Linear(hidden_size, hidden_size),
+                    "value": nn.Linear(hidden_size, hidden_size),
+                    "attention_output": nn.Linear(hidden_size, hidden_size),
+                    "intermediate": nn.Linear(hidden_size, intermediate_size),
+                    "output": nn.Linear(intermediate_size, hidden_size),
+                }
+            )
+            for _ in range(num_hidden_layers)
+        )
+        # With no normalisation between the matmuls, weights that shrink the activations would take them, after a
+        # few layers, to subnormal floats, which a CPU multiplies many times slower: std 1/sqrt(fan_in) keeps their
+        # scale.
+        generator = torch.Generator().manual_seed(SEED)
+        with torch.no_grad():
+            for linear in self.modules():
+                if isinstance(linear, nn.Linear):
+                    linear.weight.normal_(0.0, linear.in_features**-0.5, generator=generator)
+                    linear.bias.zero_()
+
+    @classmethod
+    def of_size(cls, size: dict[str, Any]) -> DenseFloor:
+        return cls(size["hidden_size"], size["intermediate_size"], size["num_hidden_layers"])
+
+    def forward(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:
+        """hidden_states: (real tokens, hidden) -> every layer's query and key projections and the last layer's
+        output, each (real tokens, hidden): what a backward starts from, so that it reaches every matmul."""
+        ends = []
+        for layer in self.layers:
+            ends += [layer["query"](hidden_states), layer["key"](hidden_states)]
+            # Attention itself is not part of the floor: the values go straight to the output projection.
+            attention_output = layer["attention_output"](layer["value"](hidden_states))
+            hidden_states = layer["output"](layer["intermediate"](attention_output))
+        return [*ends, hidden_states]
+
+
+def floor_flops(size: dict[str, Any], real_tokens: int, mode: str) -> int:
+    """FLOPs (2 per multiply-add) of the floor on `real_tokens` tokens: per layer and token 4 hidden^2 (query, key,
+    value, attention output) + 2 hidden x intermediate (feed-forward), times 2; a training step adds the gradients of
+    the matmuls' inputs and of their weights, each as many FLOPs as the forward."""
+    hidden, intermediate = size["hidden_size"], size["intermediate_size"]
+    forward = 2 * real_tokens * size["num_hidden_layers"] * (4 * hidden * hidden + 2 * hidden * intermediate)
+    return forward * (3 if mode == "train" else 1)
+
+
+@dataclass
+class FloorRunner:
+    """How the floor runs a batch: its matmuls on a (batch.real_tokens, hidden) matrix; in train mode (the floor's
+    `training` flag) forward and backward."""
+
+    model: DenseFloor
+    unpad: None = None  # no posformers model: no unpad mode, no memory measurement
+
+    def steps(self, batch: Batch) -> tuple[Callable[[], None], Callable[[], None]]:
+        """(prepare, step): `prepare` runs untimed before each `step`."""
+        model, training = self.model, self.model.training
+        generator = torch.Generator().manual_seed(SEED)
+        hidden_states = torch.randn(batch.real_tokens, model.hidden_size, generator=generator)
+        if not training:
+
+            def forward_step():
+                with torch.no_grad():
+                    model(hidden_states)
+
+            return (lambda: None), forward_step
+
+        # The first layer's input needs its gradient, as a model's embeddings do.
+        hidden_states.requires_grad_(True)
+        output_grad = torch.randn(batch.real_tokens, model.hidden_size, generator=generator)
+
+        def prepare():
+            model.zero_grad(set_to_none=True)
+            hidden_states.grad = None
+
+        def train_step():
+            outputs = model(hidden_states)
+            torch.autograd.backward(outputs, [output_grad] * len(outputs))
+
+        return prepare, train_step
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -402,11 +536,18 @@ class Runner:
     model: nn.Module
     unpad: str | None
     optimizer: torch.optim.Optimizer | None = None
+    # disentangled-flash's inference path, which runs only the sequence lengths prepared for it.
+    prepared_lengths: bool = False
 
     def set_mode(self) -> None:
         """Switch the (shared) posformers model to this variant's unpad mode."""
         if self.unpad is not None and supports_unpadding(self.model):
             self.model.config.unpad_inputs = self.unpad
+
+    def ready(self, batch: Batch) -> None:
+        """Untimed, before the model runs `batch`: select its prepared length where the model needs that."""
+        if self.prepared_lengths:
+            self.model.encoder.activate_shape(batch.inputs["input_ids"].shape[1])
 
     def steps(self, batch: Batch) -> tuple[Callable[[], None], Callable[[], None]]:
         """(prepare, step): `prepare` runs untimed before each `step`."""
@@ -418,26 +559,33 @@ class Runner:
                 with torch.no_grad():
                     model(**inputs)
 
-            return (lambda: None), forward_step
+            return (lambda: self.ready(batch)), forward_step
 
         def train_step():
             self.set_mode()
             real_token_loss(model(**inputs), inputs["attention_mask"]).backward()
             optimizer.step()
 
-        return (lambda: optimizer.zero_grad(set_to_none=True)), train_step
+        def prepare():
+            self.ready(batch)
+            optimizer.zero_grad(set_to_none=True)
+
+        return prepare, train_step
 
 
 def check_equivalence(family: Family, runners: dict[str, Runner], batch: Batch) -> dict[str, Any]:
     """Largest |difference| at real tokens between the variants' outputs on one batch, and whether the padding-free
-    variant really ran padding-free (zeros at every padded position, as the packed path restores them)."""
+    variant really ran padding-free (zeros at every padded position, as the packed path restores them). `runners`
+    may add disentangled-flash's paths (FLASH and f"{FLASH} train"), on the transformers model's weights."""
     names = ["padding-free", "padded"] + (["transformers"] if family.same_weights else [])
+    flash_names = [name for name in (FLASH, f"{FLASH} train") if name in runners]
     outputs = {}
     with torch.no_grad():
-        for name in names:
+        for name in names + flash_names:
             runner = runners[name]
             runner.model.eval()
             runner.set_mode()
+            runner.ready(batch)
             outputs[name] = _last_hidden_state(runner.model(**batch.inputs)).float()
     real = batch.inputs["attention_mask"].bool()
     diffs = {
@@ -445,6 +593,8 @@ def check_equivalence(family: Family, runners: dict[str, Runner], batch: Batch) 
         for i, first in enumerate(names)
         for name in names[i + 1 :]
     }
+    for name in flash_names:
+        diffs[f"{name} vs transformers"] = float((outputs[name] - outputs["transformers"])[real].abs().max())
     padded = ~real
     return {
         "max_abs_diff": diffs,
@@ -494,10 +644,14 @@ def run_cell(
 
 
 def cell_ratios(variants: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """Ratios of time per real token (and of peak memory) of the padding-free variant to the others."""
+    """Ratios of time per real token (and of peak memory) of the padding-free variant to the others; None for a
+    variant that did not run."""
 
     def per_token(name: str) -> float:
         return variants[name]["time_s"] / variants[name]["real_tokens"]
+
+    def to(name: str) -> float | None:
+        return per_token("padding-free") / per_token(name) if name in variants else None
 
     padded = variants["padded"]
     fraction = padded["real_tokens"] / padded["padded_tokens"]
@@ -507,6 +661,8 @@ def cell_ratios(variants: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         "padding-free / transformers-grouped": per_token("padding-free") / per_token("transformers-grouped"),
         "padding cost": variants["padding-free"]["time_s"] / (fraction * padded["time_s"]),
         "memory padding-free / padded": None if None in memories or not memories[1] else memories[0] / memories[1],
+        f"padding-free / {FLOOR}": to(FLOOR),
+        f"padding-free / {FLASH}": to(FLASH),
     }
 
 
@@ -548,9 +704,10 @@ def estimate_seconds(family: Family, plans: dict[str, Plan], measure_memory: boo
     """A rough run time of one workload of a base-size family (a memory step counts 1.2 timed steps)."""
     total = 0.0
     for name, plan in plans.items():
-        if plan.same_as is not None:
+        # The floor's matmuls are a fraction of a model's time; disentangled-flash counts as transformers.
+        if plan.same_as is not None or name == FLOOR or (name == FLASH and not family.flash):
             continue
-        kind = "transformers" if name.startswith("transformers") else "posformers"
+        kind = "transformers" if name.startswith("transformers") or name == FLASH else "posformers"
         steps = [(plan.warmup, 1.0)] + [(batch, 1.0) for batch in plan.timed]
         if measure_memory and kind == "posformers":
             steps.append((plan.timed[0], 1.2))
@@ -598,6 +755,9 @@ def run_realbatch(options: Options, on_cell: Callable[[dict[str, Any]], None] | 
     threads = options.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     started = time.perf_counter()
+    with_flash = flash_available()
+    if not with_flash and any(FAMILIES[name].flash for name in options.families):
+        _log(FLASH_MISSING)
     tokenizer = wordpiece_tokenizer()
     specs = options.specs()
     features = {name: read_workload(spec, tokenizer) for name, spec in specs.items()}
@@ -617,7 +777,12 @@ def run_realbatch(options: Options, on_cell: Callable[[dict[str, Any]], None] | 
             "padded": "posformers, unpad_inputs='never', random order",
             "transformers": "transformers' model of the family, random order",
             "transformers-grouped": "transformers' model, LengthGroupedSampler order (group_by_length=True)",
+            FLOOR: "the model's dense matmuls alone (query, key, value, attention output, feed-forward up and down, "
+            "per layer) on the padding-free variant's real tokens",
+            FLASH: "DeBERTa only: transformers' model with disentangled-flash's optimize_deberta(model, "
+            "backend='torch'), random order",
         },
+        "flash_available": with_flash,
         "memory_method": MEMORY_METHODS["cpu"] if options.measure_memory else None,
         "families": {},
         "workloads": {},
@@ -630,7 +795,15 @@ def run_realbatch(options: Options, on_cell: Callable[[dict[str, Any]], None] | 
             "The transformers-grouped variant is timed on the batches at the same positions of its own epoch order.",
             "BigBird switches to full attention for batches shorter than (5 + 2 x random blocks) x block size tokens "
             "(704 at base size), as transformers does.",
-        ],
+            "The floor is 2 x layers x (4 hidden^2 + 2 hidden x intermediate) FLOPs per real token for inference, 3 "
+            "times that for a training step (forward and backward of those matmuls, no loss, no optimizer step); "
+            "everything a model adds to it (embeddings, attention, layer norms, activations, the loss and, in a "
+            "training step, the AdamW step) is what padding-free / floor measures.",
+            "disentangled-flash runs the padded batches through the model call, its inference path with every batch "
+            "width of the run prepared beforehand (optimize_deberta's sequence_lengths) and selected before each "
+            "step, untimed; its training step uses optimize_deberta(..., inference=False).",
+        ]
+        + ([] if with_flash else [FLASH_MISSING]),
     }
     plans = {
         (family, workload): _workload_plans(features[workload], specs[workload], FAMILIES[family].token_types)
@@ -664,7 +837,7 @@ def run_realbatch(options: Options, on_cell: Callable[[dict[str, Any]], None] | 
     gc.freeze()
     try:
         for family_name in options.families:
-            _run_family(FAMILIES[family_name], plans, options, report, started, on_cell)
+            _run_family(FAMILIES[family_name], plans, options, report, started, on_cell, with_flash)
     finally:
         gc.unfreeze()
     report["environment"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
@@ -679,6 +852,7 @@ def _run_family(
     report: dict[str, Any],
     started: float,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
+    with_flash: bool = True,
 ) -> None:
     model, reference, size = family.build(options.quick)
     report["families"][family.name] = {
@@ -694,21 +868,39 @@ def _run_family(
         "padded": Runner(model, "never"),
         "transformers": Runner(reference, None),
         "transformers-grouped": Runner(reference, None),
+        FLOOR: FloorRunner(DenseFloor.of_size(size)),
     }
+    flash = {}
+    if family.flash and with_flash:
+        inference_batches = [
+            batch
+            for workload in family.workloads
+            for batch in (plans[family.name, workload][FLASH].warmup, *plans[family.name, workload][FLASH].timed)
+        ]
+        flash = flash_models(reference, {batch.inputs["input_ids"].shape[1] for batch in inference_batches})
+        runners[FLASH] = Runner(flash["inference"], None, prepared_lengths=True)
+    checked = dict(runners, **({f"{FLASH} train": Runner(flash["train"], None)} if flash else {}))
     for workload in family.workloads:
-        equivalence = check_equivalence(family, runners, plans[family.name, workload]["padded"].timed[0])
+        equivalence = check_equivalence(family, checked, plans[family.name, workload]["padded"].timed[0])
         report["equivalence"].append({"family": family.name, "workload": workload, **equivalence})
         _log(f"{family.name} {workload}: max |diff| at real tokens {equivalence['max_abs_diff']}")
+    del checked
     for mode in MODES:
+        if flash:
+            # Each mode's model once it is needed: the inference one is freed before the training step's optimizers.
+            runners[FLASH] = Runner(flash.pop(mode), None, prepared_lengths=mode == "inference")
         optimizers = {}
-        for runner in runners.values():
+        for name, runner in runners.items():
             runner.model.train(mode == "train")
-            if mode == "train":
+            if mode == "train" and name != FLOOR:
                 optimizer = optimizers.setdefault(id(runner.model), torch.optim.AdamW(runner.model.parameters(), 1e-5))
                 runner.optimizer = optimizer
         for workload in family.workloads:
             workload_plans = plans.get((family.name, workload, mode), plans[family.name, workload])
             cell = run_cell(runners, workload_plans, options.measure_memory, options.max_foreign_cpu)
+            floor = cell["variants"][FLOOR]
+            floor["flops"] = floor_flops(size, floor["real_tokens"], mode)
+            floor["gflop_per_s"] = floor["flops"] / floor["time_s"] / 1e9
             ratios = cell_ratios(cell["variants"])
             report["cells"].append(
                 {
@@ -723,8 +915,9 @@ def _run_family(
             _log(f"[{time.perf_counter() - started:6.0f}s] {family.name} {workload} {mode} done")
             if on_cell is not None:
                 on_cell(report)
-        for runner in runners.values():
-            runner.optimizer = None
+        for name, runner in runners.items():
+            if name != FLOOR:
+                runner.optimizer = None
         del optimizers
     del model, reference, runners
     gc.collect()
@@ -739,10 +932,16 @@ def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
+def _rate(variant: dict[str, Any] | None) -> str:
+    if variant is None:
+        return "n/a"
+    return f"{variant['tokens_per_s']:.0f}{' (=)' * ('same_batches_as' in variant)}"
+
+
 def format_markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
-        "## realbatch: padding-free vs padded vs transformers on real mixed-length batches",
+        "## realbatch: padding-free vs padded, transformers, the floor and disentangled-flash on real batches",
         "",
         f"{env['device_name']} ({env['device']}), {env['dtype']}, torch threads {env['torch_threads']}, "
         f"torch {env['torch']}, transformers {env['transformers']}, commit {env['git_commit']}"
@@ -762,22 +961,24 @@ def format_markdown(report: dict[str, Any]) -> str:
             f"{workload['real_token_fraction_timed']:.2f} / {workload['real_token_fraction_grouped_timed']:.2f} |"
         )
     header = ["model", "workload", "mode", *(f"{v} tok/s" for v in VARIANTS)]
-    header += ["pf / hf", "pf / hf-grouped", "padding cost", "memory pf / padded", "pf / padded MiB", "other CPU %"]
+    header += ["pf / hf", "pf / hf-grouped", f"pf / {FLOOR}", f"pf / {FLASH}", "padding cost"]
+    header += ["memory pf / padded", "pf / padded MiB", "floor GFLOP/s", "other CPU %"]
     lines += ["", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for cell in report["cells"]:
         variants, ratios = cell["variants"], cell["ratios"]
         memories = [variants[name]["peak_mem_mib"] for name in ("padding-free", "padded")]
         foreign = cell["foreign_cpu_pct"]
         row = [cell["family"], cell["workload"], cell["mode"]]
-        row += [
-            f"{variants[name]['tokens_per_s']:.0f}{' (=)' * ('same_batches_as' in variants[name])}" for name in VARIANTS
-        ]
+        row += [_rate(variants.get(name)) for name in VARIANTS]
         row += [
             _ratio(ratios["padding-free / transformers"]),
             _ratio(ratios["padding-free / transformers-grouped"]),
+            _ratio(ratios.get(f"padding-free / {FLOOR}")),
+            _ratio(ratios.get(f"padding-free / {FLASH}")),
             _ratio(ratios["padding cost"]),
             _ratio(ratios["memory padding-free / padded"]),
             " / ".join("n/a" if memory is None else f"{memory:.0f}" for memory in memories),
+            f"{variants[FLOOR]['gflop_per_s']:.0f}" if FLOOR in variants else "n/a",
             "n/a" if foreign is None else f"{foreign:.0f}",
         ]
         lines.append("| " + " | ".join(row) + " |")

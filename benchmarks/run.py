@@ -9,10 +9,12 @@ benchmarks/plot.py; needs matplotlib, `pip install 'posformers[bench]'`, else on
 redraws the plot of a report already written, without running anything.
 
 `--suite` names any suite (`--model roformer` and `--suite roformer` are the same run). `realbatch` (see
-benchmarks/realbatch.py) runs every model, real-data workload, mode and variant in one run and also writes
-realbatch.md and a plot, realbatch.png; of the options below it takes --quick (tiny models, one timed batch per
-cell), --families, --threads, --max-other-cpu, --no-memory and --output. `gpu` runs benchmarks/gpu.py (the GPU suite,
-`python -m benchmarks.gpu`) with --device, --dtype, --output, and --quick as its --smoke. `deploy` runs
+benchmarks/realbatch.py) runs every model, real-data workload, mode and variant in one run (posformers padding-free
+and padded, transformers in random and length-grouped order, the floor: the model's dense matmuls alone on the real
+tokens, and for DeBERTa disentangled-flash's PyTorch backend, when `pip install disentangled-flash` has installed it)
+and also writes realbatch.md and a plot, realbatch.png; of the options below it takes --quick (tiny models, one timed
+batch per cell), --families, --threads, --max-other-cpu, --no-memory and --output. `gpu` runs benchmarks/gpu.py (the
+GPU suite, `python -m benchmarks.gpu`) with --device, --dtype, --output, and --quick as its --smoke. `deploy` runs
 benchmarks/deploy.py (CPU deployment: ONNX Runtime float32 and int8 against PyTorch) with --quick, --threads, --output.
 `clients` runs benchmarks/clients.py (transformers pipelines, a Trainer step, sentence-transformers and GLiNER2 as
 shipped and on posformers' drop-in; writes clients.json, .md and .png) with --quick (tiny models, a few items),
