@@ -67,7 +67,16 @@ from torch import nn
 import posformers
 
 from . import deberta, roformer
-from .harness import REPO_ROOT, RESULTS_DIR, ForeignCpuMeter, _log, environment, flash_available, flash_missing
+from .harness import (
+    REPO_ROOT,
+    RESULTS_DIR,
+    ForeignCpuMeter,
+    _log,
+    environment,
+    flash_available,
+    flash_missing,
+    run_and_write,
+)
 
 DATA_DIR = REPO_ROOT / "tests" / "data"
 TOKENIZER = REPO_ROOT / "finetune" / "demo_data" / "tokenizer"
@@ -915,30 +924,11 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def write_outputs(report: dict[str, Any], json_path: Path | None = None) -> dict[str, Path | str]:
-    json_path = json_path or RESULTS_DIR / "clients.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
-    markdown = json_path.with_suffix(".md")
-    markdown.write_text(format_markdown(report))
-    written: dict[str, Path | str] = {"json": json_path, "markdown": markdown}
-    try:
-        written["plot"] = plot(report, json_path.with_suffix(".png"))
-    except ImportError as error:
-        written["plot"] = str(error)
-    return written
-
-
 def main(options: Options, json_path: Path | None = None) -> tuple[dict[str, Any], dict[str, Path | str]]:
-    """Run the benchmark and write its outputs: (report, what `write_outputs` wrote)."""
-    json_path = json_path or RESULTS_DIR / "clients.json"
-    partial = json_path.with_suffix(".partial.json")
-
-    def save_partial(report: dict[str, Any]) -> None:
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({**report, "complete": False}, indent=2) + "\n")
-
-    report = run_clients(options, on_cell=save_partial)
-    written = write_outputs(report, json_path)
-    partial.unlink(missing_ok=True)
-    return report, written
+    """Run the benchmark and write its outputs (`harness.run_and_write`): (report, the paths written)."""
+    return run_and_write(
+        lambda on_cell: run_clients(options, on_cell=on_cell),
+        json_path or RESULTS_DIR / "clients.json",
+        format_markdown,
+        plot,
+    )

@@ -707,3 +707,41 @@ def write_json(report: Mapping[str, Any], path: Path | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     return path
+
+
+def write_outputs(
+    report: Mapping[str, Any],
+    json_path: Path,
+    format_markdown: Callable[[Mapping[str, Any]], str],
+    plot: Callable[[Mapping[str, Any], Path], Path],
+) -> dict[str, Path | str]:
+    """Write the JSON report, its markdown table and its plot beside each other; a plot that cannot be drawn (no
+    matplotlib) is reported by a message instead of a path."""
+    written: dict[str, Path | str] = {"json": write_json(report, json_path)}
+    written["markdown"] = json_path.with_suffix(".md")
+    written["markdown"].write_text(format_markdown(report))
+    try:
+        written["plot"] = plot(report, json_path.with_suffix(".png"))
+    except ImportError as error:
+        written["plot"] = str(error)
+    return written
+
+
+def run_and_write(
+    run: Callable[[Callable[[dict[str, Any]], None]], dict[str, Any]],
+    json_path: Path,
+    format_markdown: Callable[[Mapping[str, Any]], str],
+    plot: Callable[[Mapping[str, Any], Path], Path],
+) -> tuple[dict[str, Any], dict[str, Path | str]]:
+    """Run a suite that reports each finished cell (`run(on_cell)`), then write its outputs: (report, what
+    `write_outputs` wrote). Until the run ends, `<json_path>.partial.json` holds the cells finished so far, so a run
+    that dies leaves them."""
+    partial = json_path.with_suffix(".partial.json")
+
+    def save_partial(report: dict[str, Any]) -> None:
+        write_json({**report, "complete": False}, partial)
+
+    report = run(save_partial)
+    written = write_outputs(report, json_path, format_markdown, plot)
+    partial.unlink(missing_ok=True)
+    return report, written

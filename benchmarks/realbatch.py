@@ -31,8 +31,8 @@ Cells: family x workload x mode x variant.
   batches through the model call; its inference path runs prepared sequence lengths only, so every batch width of the
   run is prepared when the model is built and selected (`activate_shape`) before each step, untimed.
 - Modes: inference (eval, `torch.no_grad` forward) and one training step (train mode with dropout 0, so both paths run
-  the same kernels: forward, loss, backward, AdamW step). The loss is the mean square of last_hidden_state over real
-  tokens, identical for every variant.
+  the same kernels: forward, loss, backward, fused AdamW step, as Trainer's default optim). The loss is the mean
+  square of last_hidden_state over real tokens, identical for every variant.
 - Measure: after one untimed warm-up batch per variant (a few rows of the order's batch with the fewest padded
   tokens, cut to a few columns: it triggers lazy initialisation and AdamW's state at the least cost), a fixed number
   of batches spread evenly over the epoch are timed, the variants alternating batch by batch. tokens/s counts real
@@ -82,6 +82,7 @@ from .harness import (
     environment,
     flash_available,
     flash_missing,
+    run_and_write,
 )
 
 DATA_DIR = REPO_ROOT / "tests" / "data"
@@ -804,6 +805,8 @@ def run_realbatch(options: Options, on_cell: Callable[[dict[str, Any]], None] | 
             "times that for a training step (forward and backward of those matmuls, no loss, no optimizer step); "
             "everything a model adds to it (embeddings, attention, layer norms, activations, the loss and, in a "
             "training step, the AdamW step) is what padding-free / floor measures.",
+            "A training step's optimizer is torch's fused AdamW, which Trainer's default optim (adamw_torch_fused) "
+            "builds.",
             "disentangled-flash runs the padded batches through the model call, its inference path with every batch "
             "width of the run prepared beforehand (optimize_deberta's sequence_lengths) and selected before each "
             "step, untimed; its training step uses optimize_deberta(..., inference=False).",
@@ -900,7 +903,9 @@ def _run_family(
         for name, runner in runners.items():
             runner.model.train(mode == "train")
             if mode == "train" and name != FLOOR:
-                optimizer = optimizers.setdefault(id(runner.model), torch.optim.AdamW(runner.model.parameters(), 1e-5))
+                # fused: the AdamW that Trainer's default optim ("adamw_torch_fused") builds
+                adamw = torch.optim.AdamW(runner.model.parameters(), 1e-5, fused=True)
+                optimizer = optimizers.setdefault(id(runner.model), adamw)
                 runner.optimizer = optimizer
         for workload in family.workloads:
             if mode not in options.specs()[workload].modes:
@@ -1022,24 +1027,6 @@ def format_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(report: dict[str, Any], json_path: Path | None = None) -> dict[str, Path | str]:
-    """Write the JSON report, the markdown table and the plot beside each other; a plot that cannot be drawn is
-    reported by a message instead of a path."""
-    from .plot import plot_realbatch
-
-    json_path = json_path or RESULTS_DIR / "realbatch.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
-    markdown_path = json_path.with_suffix(".md")
-    markdown_path.write_text(format_markdown(report))
-    written: dict[str, Path | str] = {"json": json_path, "markdown": markdown_path}
-    try:
-        written["plot"] = plot_realbatch(report, json_path.with_suffix(".png"))
-    except ImportError as error:
-        written["plot"] = str(error)
-    return written
-
-
 @contextlib.contextmanager
 def _quiet_transformers():
     """BigBird logs its switch to full attention on every short batch."""
@@ -1054,16 +1041,13 @@ def _quiet_transformers():
 
 
 def main(options: Options, json_path: Path | None = None) -> tuple[dict[str, Any], dict[str, Path | str]]:
-    """Run the benchmark and write its outputs: (report, what `write_outputs` wrote)."""
-    json_path = json_path or RESULTS_DIR / "realbatch.json"
-    partial = json_path.with_suffix(".partial.json")
-
-    def save_partial(report: dict[str, Any]) -> None:
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({**report, "complete": False}, indent=2) + "\n")
+    """Run the benchmark and write its outputs (`harness.run_and_write`): (report, the paths written)."""
+    from .plot import plot_realbatch
 
     with _quiet_transformers():
-        report = run_realbatch(options, on_cell=save_partial)
-    written = write_outputs(report, json_path)
-    partial.unlink(missing_ok=True)
-    return report, written
+        return run_and_write(
+            lambda on_cell: run_realbatch(options, on_cell),
+            json_path or RESULTS_DIR / "realbatch.json",
+            format_markdown,
+            plot_realbatch,
+        )

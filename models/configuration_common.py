@@ -26,6 +26,27 @@ LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, int
 XLARGE = dict(hidden_size=1536, num_hidden_layers=24, num_attention_heads=24, intermediate_size=6144)
 
 
+# The heads every posformers model has, by the Auto class each is registered with.
+ENCODER_HEADS = {
+    "AutoModelForMaskedLM": "ForMaskedLM",
+    "AutoModelForSequenceClassification": "ForSequenceClassification",
+    "AutoModelForTokenClassification": "ForTokenClassification",
+    "AutoModelForQuestionAnswering": "ForQuestionAnswering",
+    "AutoModelForMultipleChoice": "ForMultipleChoice",
+}
+
+
+def auto_map(model: str, prefix: str, **more_heads: str) -> dict[str, str]:
+    """A model's AUTO_MAP: {Auto class: "module.Class"} for its config, its base model, the `ENCODER_HEADS` (named
+    `<prefix>For...`) and `more_heads` (Auto class=class name). `save_pretrained` writes it into config.json, so that
+    `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
+    `import posformers` registers the same classes with the Auto factories."""
+    modeling = f"modeling_{model}."
+    heads = {auto_class: modeling + prefix + suffix for auto_class, suffix in ENCODER_HEADS.items()}
+    heads.update({auto_class: modeling + name for auto_class, name in more_heads.items()})
+    return {"AutoConfig": f"configuration_{model}.{prefix}Config", "AutoModel": f"{modeling}{prefix}Model", **heads}
+
+
 def check_integer(config: PreTrainedConfig, name: str, minimum: int = 1) -> None:
     """`config.<name>` must be an integer (not a bool) of at least `minimum`; the error names the field."""
     value = getattr(config, name)

@@ -16,6 +16,7 @@ from .configuration_common import (
     SMALL,
     XLARGE,
     EncoderConfig,
+    auto_map,
     check_activation,
     check_choice,
     check_flags,
@@ -25,19 +26,8 @@ from .configuration_common import (
 
 logger = logging.get_logger(__name__)
 
-# Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
-# `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
-# `import posformers` registers the same classes with the Auto factories.
-AUTO_MAP = {
-    "AutoConfig": "configuration_deberta.DebertaConfig",
-    "AutoModel": "modeling_deberta.DebertaModel",
-    "AutoModelForMaskedLM": "modeling_deberta.DebertaForMaskedLM",
-    "AutoModelForPreTraining": "modeling_deberta.DebertaForReplacedTokenDetection",
-    "AutoModelForSequenceClassification": "modeling_deberta.DebertaForSequenceClassification",
-    "AutoModelForTokenClassification": "modeling_deberta.DebertaForTokenClassification",
-    "AutoModelForQuestionAnswering": "modeling_deberta.DebertaForQuestionAnswering",
-    "AutoModelForMultipleChoice": "modeling_deberta.DebertaForMultipleChoice",
-}
+# The Auto classes this model's heads are registered with (`auto_map`).
+AUTO_MAP = auto_map("deberta", "Deberta", AutoModelForPreTraining="DebertaForReplacedTokenDetection")
 
 
 # What a field means when an official / transformers config.json leaves it out: the defaults of transformers'

@@ -9,20 +9,10 @@ the architecture, with every decision marked, is described in `modeling_littlebi
 import contextlib
 import math
 
-from .configuration_common import BASE, LARGE, EncoderConfig, check_integer
+from .configuration_common import BASE, LARGE, EncoderConfig, auto_map, check_integer
 
-# Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
-# `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
-# `import posformers` registers the same classes with the Auto factories.
-AUTO_MAP = {
-    "AutoConfig": "configuration_littlebird.LittleBirdConfig",
-    "AutoModel": "modeling_littlebird.LittleBirdModel",
-    "AutoModelForMaskedLM": "modeling_littlebird.LittleBirdForMaskedLM",
-    "AutoModelForSequenceClassification": "modeling_littlebird.LittleBirdForSequenceClassification",
-    "AutoModelForTokenClassification": "modeling_littlebird.LittleBirdForTokenClassification",
-    "AutoModelForQuestionAnswering": "modeling_littlebird.LittleBirdForQuestionAnswering",
-    "AutoModelForMultipleChoice": "modeling_littlebird.LittleBirdForMultipleChoice",
-}
+# The Auto classes this model's heads are registered with (`auto_map`).
+AUTO_MAP = auto_map("littlebird", "LittleBird")
 
 BIALIBI_INITS = ("alibi",)
 

@@ -15,6 +15,7 @@ from .configuration_common import (
     LARGE,
     SMALL,
     EncoderConfig,
+    auto_map,
     check_activation,
     check_choice,
     check_flags,
@@ -24,19 +25,8 @@ from .configuration_common import (
 
 logger = logging.get_logger(__name__)
 
-# Heads and the Auto class each is registered with. `save_pretrained` writes this map into config.json so that
-# `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where posformers is not installed, and
-# `import posformers` registers the same classes with the Auto factories.
-AUTO_MAP = {
-    "AutoConfig": "configuration_roformer.RoFormerConfig",
-    "AutoModel": "modeling_roformer.RoFormerModel",
-    "AutoModelForMaskedLM": "modeling_roformer.RoFormerForMaskedLM",
-    "AutoModelForCausalLM": "modeling_roformer.RoFormerForCausalLM",
-    "AutoModelForSequenceClassification": "modeling_roformer.RoFormerForSequenceClassification",
-    "AutoModelForTokenClassification": "modeling_roformer.RoFormerForTokenClassification",
-    "AutoModelForQuestionAnswering": "modeling_roformer.RoFormerForQuestionAnswering",
-    "AutoModelForMultipleChoice": "modeling_roformer.RoFormerForMultipleChoice",
-}
+# The Auto classes this model's heads are registered with (`auto_map`).
+AUTO_MAP = auto_map("roformer", "RoFormer", AutoModelForCausalLM="RoFormerForCausalLM")
 
 ROPE_THETA = 10000.0
 # Keys each `rope_parameters["rope_type"]` takes besides rope_type, rope_theta and partial_rotary_factor, as in

@@ -342,11 +342,19 @@ def head_output(output_class, base_outputs, config, return_dict, **fields):
 
 
 def flatten_choice_batch(
-    head: nn.Module, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs: dict
+    head: nn.Module,
+    input_ids,
+    attention_mask,
+    token_type_ids,
+    position_ids,
+    inputs_embeds,
+    output_attentions,
+    output_hidden_states,
+    kwargs: dict,
 ) -> tuple[int, dict]:
     """A multiple-choice batch (batch, num_choices, seq_len) as one batch of (batch * num_choices) sequences: the
-    number of choices and the base model's inputs. A flattened batch (restarting position_ids) has no choices to
-    compare and is refused."""
+    number of choices and the base model's keyword arguments (with `kwargs` and return_dict=True). A flattened batch
+    (restarting position_ids) has no choices to compare and is refused."""
     attention_mask, position_ids = flatten_choices(attention_mask), flatten_choices(position_ids)
     refuse_flattened(head, position_ids, attention_mask, kwargs)
     reference = input_ids if input_ids is not None else inputs_embeds
@@ -362,6 +370,10 @@ def flatten_choice_batch(
         token_type_ids=flatten_choices(token_type_ids),
         position_ids=position_ids,
         inputs_embeds=flatten_choices(inputs_embeds, dims=3),
+        output_attentions=output_attentions,
+        output_hidden_states=output_hidden_states,
+        return_dict=True,
+        **kwargs,
     )
     return num_choices, inputs
 
@@ -493,14 +505,8 @@ class EncoderForMultipleChoice:
         **kwargs,
     ) -> MultipleChoiceModelOutput | tuple:
         inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        num_choices, choices = flatten_choice_batch(self, *inputs, kwargs)
-        outputs = self.base_model(
-            **choices,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+        num_choices, choices = flatten_choice_batch(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        outputs = self.base_model(**choices)
         logits = self.classifier(outputs.last_hidden_state[:, 0]).view(-1, num_choices)
         loss = choice_loss(logits, labels, kwargs.get("num_items_in_batch"))
         return head_output(MultipleChoiceModelOutput, outputs, self.config, return_dict, loss=loss, logits=logits)

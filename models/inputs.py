@@ -78,8 +78,12 @@ def check_padding_mask(attention_mask: torch.Tensor, shape: tuple[int, int]) -> 
 
 def check_inputs(
     config,
-    inputs: dict,
     dtype: torch.dtype,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
     *,
     embedding_size: int,
     check_mask: Callable[[torch.Tensor, tuple[int, int]], None] | None = check_padding_mask,
@@ -88,29 +92,34 @@ def check_inputs(
     """Clear errors for malformed inputs, before they reach an index or a reshape deep inside torch; returns the
     input's (batch, seq_len).
 
-    inputs: the forward arguments by name (input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids);
-    dtype: the model's; embedding_size: the width inputs_embeds must have; check_mask(attention_mask, shape): the
-    model's rule for mask shapes (default: a (batch, seq_len) padding mask; None: the model checks the mask itself);
-    position_limit: the size of an absolute position table the model reads, which position_ids and the length must
-    fit.
+    dtype: the model's; then the forward's inputs; embedding_size: the width inputs_embeds must have;
+    check_mask(attention_mask, shape): the model's rule for mask shapes (default: a (batch, seq_len) padding mask;
+    None: the model checks the mask itself); position_limit: the size of an absolute position table the model reads,
+    which position_ids and the length must fit.
     """
+    inputs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+        position_ids=position_ids,
+        inputs_embeds=inputs_embeds,
+    )
     check_input_types(inputs, dtype)
-    input_ids, inputs_embeds = inputs["input_ids"], inputs["inputs_embeds"]
     shape = input_shape(input_ids, inputs_embeds, embedding_size)
     if shape[0] == 0:
         raise ValueError(
             f"{'input_ids' if input_ids is not None else 'inputs_embeds'} holds an empty batch (batch = 0)"
         )
-    if inputs["attention_mask"] is not None and check_mask is not None:
-        check_mask(inputs["attention_mask"], shape)
-    check_per_token("token_type_ids", inputs["token_type_ids"], shape)
-    check_per_token("position_ids", inputs["position_ids"], shape)
+    if attention_mask is not None and check_mask is not None:
+        check_mask(attention_mask, shape)
+    check_per_token("token_type_ids", token_type_ids, shape)
+    check_per_token("position_ids", position_ids, shape)
     checks = [("input_ids", input_ids, config.vocab_size)]
     if config.type_vocab_size > 0:
-        checks.append(("token_type_ids", inputs["token_type_ids"], config.type_vocab_size))
+        checks.append(("token_type_ids", token_type_ids, config.type_vocab_size))
     if position_limit is not None:
-        checks.append(("position_ids", inputs["position_ids"], position_limit))
-        if inputs["position_ids"] is None and shape[1] > position_limit:
+        checks.append(("position_ids", position_ids, position_limit))
+        if position_ids is None and shape[1] > position_limit:
             raise ValueError(
                 f"Input of {shape[1]} tokens is longer than max_position_embeddings={position_limit}, the size of "
                 f"the absolute position table this model reads"

@@ -58,7 +58,7 @@ from .hub_methods import HubMethods
 from .inputs import check_inputs
 from .layers import Intermediate, ResidualOutput
 from .loading import checkpoint_names
-from .packing import PackedBatch, keep_states, plan_packing, pop_cu_seq_lens, state_shower, zero_padding
+from .packing import PackedBatch, keep_states, pass_inputs, plan_packing, state_shower, zero_padding
 
 logger = logging.get_logger(__name__)
 
@@ -455,11 +455,9 @@ class DebertaModel(DebertaPreTrainedModel):
         self, input_ids, inputs_embeds, attention_mask, position_ids, output_attentions, kwargs
     ) -> PackedBatch | None:
         """`plan_packing` for this pass, with what rules it out here; pops a flattened batch's keywords from kwargs."""
-        cu_seq_lens = pop_cu_seq_lens(kwargs)
-        reference = input_ids if input_ids is not None else inputs_embeds
-        inputs = (reference, attention_mask, position_ids)
-        if reference is None or not all(isinstance(t, torch.Tensor | None) for t in inputs) or reference.dim() < 2:
-            return None  # malformed inputs: the base model's checks name them
+        reference, cu_seq_lens = pass_inputs(input_ids, inputs_embeds, attention_mask, position_ids, kwargs)
+        if reference is None:
+            return None
         blocker = None
         if output_attentions if output_attentions is not None else self.config.output_attentions:
             blocker = "output_attentions=True (attention weights exist only as a padded (B, H, L, L) tensor)"
@@ -477,16 +475,10 @@ class DebertaModel(DebertaPreTrainedModel):
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         limit = config.max_position_embeddings if hasattr(self.embeddings, "position_embeddings") else None
-        inputs = dict(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-        )
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         size = config.embedding_size
         shape = check_inputs(
-            config, inputs, self.dtype, embedding_size=size, check_mask=check_mask, position_limit=limit
+            config, self.dtype, *inputs, embedding_size=size, check_mask=check_mask, position_limit=limit
         )
         if packing is None:
             packing = self.packing_for(
@@ -770,35 +762,6 @@ class DebertaForSequenceClassification(DebertaPreTrainedModel):
         return head_output(SequenceClassifierOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
 
 
-class DebertaForMultipleChoice(DebertaPreTrainedModel):
-    """Multiple choice with the context pooler on each choice's first token, as transformers' DeBERTa-v2 does."""
-
-    def __init__(self, config: DebertaConfig):
-        super().__init__(config)
-        self.deberta = DebertaModel(config)
-        self.pooler = DebertaContextPooler(config)
-        self.classifier = nn.Linear(config.pooler_hidden_size, 1)
-        self.dropout = nn.Dropout(config.cls_dropout if config.cls_dropout is not None else config.hidden_dropout_prob)
-        self.post_init()
-
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs) -> MultipleChoiceModelOutput | tuple:  # fmt: skip
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        num_choices, choices = flatten_choice_batch(self, *inputs, kwargs)
-        outputs = self.deberta(
-            **choices,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        pooled_output = self.pooler(outputs.last_hidden_state[:, 0])
-        logits = self.classifier(self.dropout(pooled_output)).view(-1, num_choices)
-        loss = choice_loss(logits, labels, kwargs.get("num_items_in_batch"))
-        return head_output(MultipleChoiceModelOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
-
-
 class DebertaForTokenClassification(EncoderForTokenClassification, DebertaPreTrainedModel): ...
 
 
@@ -806,6 +769,29 @@ class DebertaForQuestionAnswering(EncoderForQuestionAnswering, DebertaPreTrained
 
 
 class DebertaForQuestionSpanSelection(EncoderForQuestionSpanSelection, DebertaPreTrainedModel): ...
+
+
+class DebertaForMultipleChoice(DebertaPreTrainedModel):
+    """Multiple choice with the context pooler on each choice's first token, as transformers' DeBERTa-v2 does."""
+
+    def __init__(self, config: DebertaConfig):
+        super().__init__(config)
+        self.deberta = DebertaModel(config)
+        self.pooler = DebertaContextPooler(config)
+        self.dropout = nn.Dropout(config.cls_dropout if config.cls_dropout is not None else config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.pooler_hidden_size, 1)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs) -> MultipleChoiceModelOutput | tuple:  # fmt: skip
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        num_choices, choices = flatten_choice_batch(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        outputs = self.deberta(**choices)
+        pooled_output = self.pooler(outputs.last_hidden_state[:, 0])
+        logits = self.classifier(self.dropout(pooled_output)).view(-1, num_choices)
+        loss = choice_loss(logits, labels, kwargs.get("num_items_in_batch"))
+        return head_output(MultipleChoiceModelOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
 
 
 # The names the posformers package exports from this file.

@@ -50,7 +50,7 @@ from .littlebird_kernels import (
     lean_feed_forward,
     unpack_sliding_window_kernel,
 )
-from .packing import PackedBatch, keep_states, plan_packing, pop_cu_seq_lens, state_shower, zero_padding
+from .packing import PackedBatch, keep_states, pass_inputs, plan_packing, state_shower, zero_padding
 
 
 class LittleBirdEmbeddings(TokenEmbeddings):
@@ -321,10 +321,6 @@ class LittleBirdPreTrainedModel(FusedKernelChoice, HubMethods, PreTrainedModel):
     _keys_to_ignore_on_load_unexpected = [r"encoder\.layer\.\d+\.pack_attention\.LayerNorm\.(weight|bias)$"]
     flex_attention_refusal = FLEX_ATTENTION_REFUSAL
 
-    @property
-    def base_model_class(self) -> type:
-        return LittleBirdModel
-
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -338,6 +334,10 @@ class LittleBirdPreTrainedModel(FusedKernelChoice, HubMethods, PreTrainedModel):
                 init.copy_(slope, slopes)
         elif isinstance(module, LittleBirdLMPredictionHead):
             init.zeros_(module.bias)
+
+    @property
+    def base_model_class(self) -> type:
+        return LittleBirdModel
 
 
 def check_littlebird_mask(attention_mask: torch.Tensor, shape: tuple[int, int]) -> None:
@@ -384,14 +384,14 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
     ) -> PackedBatch | None:
         """The pass's packing (`plan_packing`; None: the padded path), popping a flattened batch's keywords from
         `kwargs`. output_attentions, and padding between real tokens (Padding Insertion), rule packing out."""
-        reference = input_ids if input_ids is not None else inputs_embeds
-        if reference is None or reference.dim() < 2:  # the input checks of `forward` say what is wrong
+        reference, cu_seq_lens = pass_inputs(input_ids, inputs_embeds, attention_mask, position_ids, kwargs)
+        if reference is None:
             return None
-        if output_attentions if output_attentions is not None else self.config.output_attentions:
-            blocker = "output_attentions=True (the weights come in the padded blocked layout)"
-        else:
-            blocker = None
-        shape, cu_seq_lens = tuple(reference.shape[:2]), pop_cu_seq_lens(kwargs)
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        blocker = (
+            "output_attentions=True (the weights come in the padded blocked layout)" if output_attentions else None
+        )
+        shape = tuple(reference.shape[:2])
         return plan_packing(self.config, shape, attention_mask, position_ids, cu_seq_lens, blocker, reference.device)
 
     @can_return_tuple
@@ -411,15 +411,9 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        inputs = dict(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-        )
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         shape = check_inputs(
-            config, inputs, self.dtype, embedding_size=config.hidden_size, check_mask=check_littlebird_mask
+            config, self.dtype, *inputs, embedding_size=config.hidden_size, check_mask=check_littlebird_mask
         )
         if packing is None:
             packing = self.packing_for(

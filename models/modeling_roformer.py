@@ -43,7 +43,7 @@ from .heads import (
 from .hub_methods import HubMethods
 from .inputs import check_inputs
 from .layers import Intermediate, ResidualOutput, TokenEmbeddings
-from .packing import PackedBatch, keep_states, plan_packing, pop_cu_seq_lens, state_shower, zero_padding
+from .packing import PackedBatch, keep_states, pass_inputs, plan_packing, state_shower, zero_padding
 from .roformer_kernels import linear_attention_forward, softmax_attention
 
 logger = logging.get_logger(__name__)
@@ -561,16 +561,10 @@ class RoFormerModel(RoFormerPreTrainedModel):
         elif use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=config)
         past_length = past_key_values.get_seq_length() if past_key_values is not None else None
-        inputs = dict(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-        )
         # the mask's rule depends on the KV cache's length
         check_mask = functools.partial(check_attention_mask, past_length=past_length, config=config)
-        shape = check_inputs(config, inputs, self.dtype, embedding_size=config.embedding_size, check_mask=check_mask)
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        shape = check_inputs(config, self.dtype, *inputs, embedding_size=config.embedding_size, check_mask=check_mask)
         if packing is None:
             packing = self.packing_for(
                 input_ids, inputs_embeds, attention_mask, position_ids, output_attentions, kwargs
@@ -627,9 +621,8 @@ class RoFormerModel(RoFormerPreTrainedModel):
         (`cu_seq_lens_q/k`, `max_length_q/k`) from `kwargs` and reads `keep_padding_states` there. A decoder runs
         padded (None), and refuses a flattened batch."""
         config = self.config
-        cu_seq_lens = pop_cu_seq_lens(kwargs)
-        reference = input_ids if input_ids is not None else inputs_embeds
-        if reference is None:  # the base model's input checks say what is wrong
+        reference, cu_seq_lens = pass_inputs(input_ids, inputs_embeds, attention_mask, position_ids, kwargs)
+        if reference is None:
             return None
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         blocker = None
@@ -848,16 +841,9 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         **kwargs,
     ) -> MultipleChoiceModelOutput:
         inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        num_choices, choices = flatten_choice_batch(self, *inputs, kwargs)
-        outputs = self.roformer(
-            **choices,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            # the last position of a padded choice is a padding token, whose state transformers' RoFormer classifies
-            keep_padding_states=self.config.summary_type == "last",
-            **kwargs,
-        )
+        num_choices, choices = flatten_choice_batch(self, *inputs, output_attentions, output_hidden_states, kwargs)
+        # the last position of a padded choice is a padding token, whose state transformers' RoFormer classifies
+        outputs = self.roformer(**choices, keep_padding_states=self.config.summary_type == "last")
         summary = self.sequence_summary(outputs.last_hidden_state, choices["attention_mask"])
         logits = self.classifier(summary).view(-1, num_choices)
         loss = choice_loss(logits, labels, kwargs.get("num_items_in_batch"))

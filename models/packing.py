@@ -256,6 +256,19 @@ def pack_flattened(position_ids: torch.Tensor, attention_mask=None, cu_seq_lens=
     return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths, width=width, flattened=True)
 
 
+def pass_inputs(input_ids, inputs_embeds, attention_mask, position_ids, kwargs: dict):
+    """What a pass's plan reads: (reference, cu_seq_lens). The reference is the tensor its (batch, seq_len) and device
+    come from (input_ids, else inputs_embeds), None where the inputs are malformed (missing, not tensors, under two
+    dimensions: no packing is planned, and the base model's input checks say what is wrong); cu_seq_lens is
+    `pop_cu_seq_lens(kwargs)`."""
+    cu_seq_lens = pop_cu_seq_lens(kwargs)
+    reference = input_ids if input_ids is not None else inputs_embeds
+    inputs = (reference, attention_mask, position_ids)
+    if reference is None or not all(isinstance(t, torch.Tensor | None) for t in inputs) or reference.dim() < 2:
+        return None, cu_seq_lens
+    return reference, cu_seq_lens
+
+
 def pop_cu_seq_lens(kwargs: dict) -> torch.Tensor | None:
     """The sequence starts of a flattened batch from the keywords `DataCollatorWithFlattening` emits, popped from a
     forward pass's `kwargs`: cu_seq_lens_q/k (self-attention needs them equal) and max_length_q/k, which the packing
