@@ -50,7 +50,7 @@ import posformers
 from posformers.integrations import export, onnx_runtime
 
 from . import deberta, roformer
-from .harness import REPO_ROOT, RESULTS_DIR, _log, environment
+from .harness import REPO_ROOT, RESULTS_DIR, _log, environment, write_outputs
 
 SST2 = REPO_ROOT / "tests" / "data" / "glue" / "sst2"
 TOKENIZER = REPO_ROOT / "finetune" / "demo_data" / "tokenizer"
@@ -338,14 +338,7 @@ def main(options: Options, output: Path | None = None) -> tuple[dict, dict[str, 
         "targets": evaluate_targets(rows),
     }
     output = output or RESULTS_DIR / ("deploy-quick.json" if options.quick else "deploy.json")
-    output.write_text(json.dumps(report, indent=2) + "\n")
-    written = {"json": output, "md": output.with_suffix(".md")}
-    written["md"].write_text(format_markdown(report))
-    try:
-        written["png"] = plot(report, output.with_suffix(".png"))
-    except ImportError as error:
-        _log(str(error))
-    return report, written
+    return report, write_outputs(report, output, format_markdown, plot)
 
 
 def _row(rows: list[dict], model: str, batch: int, variant: str) -> dict:

@@ -56,7 +56,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,6 @@ class WorkloadSpec:
     # The warm-up batch: the first warmup_rows examples of the epoch's cheapest batch, cut to warmup_width tokens.
     warmup_rows: int = 4
     warmup_width: int = 128
-    # Batch size of the training step where it differs from inference (None: the same): what fits in memory.
-    train_batch_size: int | None = None
     # What the workload is timed for: inference, a training step, or both.
     modes: tuple[str, ...] = MODES
 
@@ -820,22 +818,12 @@ def run_realbatch(options: Options, on_cell: Callable[[dict[str, Any]], None] | 
         for family in options.families
         for workload in FAMILIES[family].workloads
     }
-    for family in options.families:
-        for workload in FAMILIES[family].workloads:
-            if "train" in specs[workload].modes and specs[workload].train_batch_size is not None:
-                train_spec = replace(specs[workload], batch_size=specs[workload].train_batch_size)
-                train_plans = _workload_plans(features[workload], train_spec, FAMILIES[family].token_types)
-                plans[family, workload, "train"] = train_plans
-    for key, workload_plans in plans.items():
-        if len(key) == 2:
-            summary = workload_summary(specs[key[1]], features[key[1]], workload_plans)
-            report["workloads"].setdefault(key[1], summary)
-        else:
-            report["workloads"][key[1]]["train_batch_size"] = specs[key[1]].train_batch_size
+    for (_, workload), workload_plans in plans.items():
+        report["workloads"].setdefault(workload, workload_summary(specs[workload], features[workload], workload_plans))
     if not options.quick:
         estimate = sum(
             estimate_seconds(FAMILIES[family], workload_plans, options.measure_memory, specs[workload].modes)
-            for (family, workload, *_), workload_plans in plans.items()
+            for (family, workload), workload_plans in plans.items()
         )
         report["estimated_s"] = estimate
         _log(
@@ -888,14 +876,22 @@ def _run_family(
             for batch in (plans[family.name, workload][FLASH].warmup, *plans[family.name, workload][FLASH].timed)
         ]
         flash = flash_models(reference, {batch.inputs["input_ids"].shape[1] for batch in inference_batches})
-        runners[FLASH] = Runner(flash["inference"], None, prepared_lengths=True)
-    checked = dict(runners, **({f"{FLASH} train": Runner(flash["train"], None)} if flash else {}))
+    flash_runners = (
+        {FLASH: Runner(flash["inference"], None, prepared_lengths=True), f"{FLASH} train": Runner(flash["train"], None)}
+        if flash
+        else {}
+    )
+    checked = dict(runners, **flash_runners)
     for workload in family.workloads:
         equivalence = check_equivalence(family, checked, plans[family.name, workload]["padded"].timed[0])
         report["equivalence"].append({"family": family.name, "workload": workload, **equivalence})
         _log(f"{family.name} {workload}: max |diff| at real tokens {equivalence['max_abs_diff']}")
-    del checked
+    del checked, flash_runners
+    specs = options.specs()
     for mode in MODES:
+        workloads = [workload for workload in family.workloads if mode in specs[workload].modes]
+        if not workloads:
+            continue
         if flash:
             # Each mode's model once it is needed: the inference one is freed before the training step's optimizers.
             runners[FLASH] = Runner(flash.pop(mode), None, prepared_lengths=mode == "inference")
@@ -903,15 +899,12 @@ def _run_family(
         for name, runner in runners.items():
             runner.model.train(mode == "train")
             if mode == "train" and name != FLOOR:
-                # fused: the AdamW that Trainer's default optim ("adamw_torch_fused") builds
-                adamw = torch.optim.AdamW(runner.model.parameters(), 1e-5, fused=True)
-                optimizer = optimizers.setdefault(id(runner.model), adamw)
-                runner.optimizer = optimizer
-        for workload in family.workloads:
-            if mode not in options.specs()[workload].modes:
-                continue
-            workload_plans = plans.get((family.name, workload, mode), plans[family.name, workload])
-            cell = run_cell(runners, workload_plans, options.measure_memory, options.max_foreign_cpu)
+                if id(runner.model) not in optimizers:
+                    # fused: the AdamW that Trainer's default optim ("adamw_torch_fused") builds
+                    optimizers[id(runner.model)] = torch.optim.AdamW(runner.model.parameters(), 1e-5, fused=True)
+                runner.optimizer = optimizers[id(runner.model)]
+        for workload in workloads:
+            cell = run_cell(runners, plans[family.name, workload], options.measure_memory, options.max_foreign_cpu)
             floor = cell["variants"][FLOOR]
             floor["flops"] = floor_flops(size, floor["real_tokens"], mode)
             floor["gflop_per_s"] = floor["flops"] / floor["time_s"] / 1e9
@@ -967,9 +960,7 @@ def format_markdown(report: dict[str, Any]) -> str:
     ]
     for name, workload in report["workloads"].items():
         lines.append(
-            f"| {name}: {workload['description']} | {workload['examples']} | {workload['batch_size']}"
-            + (f" (train {workload['train_batch_size']})" if workload.get("train_batch_size") else "")
-            + " | "
+            f"| {name}: {workload['description']} | {workload['examples']} | {workload['batch_size']}" + " | "
             f"{workload['timed_batches']} of {workload['batches_per_epoch']} | "
             f"{workload['tokens_per_example_mean']:.0f} / {workload['tokens_per_example_max']} | "
             f"{workload['real_token_fraction_timed']:.2f} / {workload['real_token_fraction_grouped_timed']:.2f} |"

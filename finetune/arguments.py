@@ -264,8 +264,7 @@ class SplitDataArguments:
 
     def card_dataset(self) -> str | None:
         """The model card's dataset: its name, or the data files' names."""
-        files = (self.train_file, self.validation_file, self.test_file)
-        return self.dataset_name or ", ".join(Path(name).name for name in files if name) or None
+        return self.dataset_name or ", ".join(Path(name).name for name in self.files().values()) or None
 
 
 def parse_arguments(dataclass_types: Iterable[type], argv: list[str] | None = None) -> tuple:

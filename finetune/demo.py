@@ -13,8 +13,8 @@ and why pretrained encoders do better, is stated once, in README.md, "The demo".
 from __future__ import annotations
 
 import argparse
-import importlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -79,11 +79,9 @@ def glue_arguments(args, output_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def run_step(title: str, script: str, argv: list[str]) -> tuple[dict, float]:
-    """Print the step's title and run posformers.finetune.<script>'s `main` on `argv`; its metrics and the seconds it
-    took."""
+def run_step(title: str, main: Callable[[list[str]], dict], argv: list[str]) -> tuple[dict, float]:
+    """Print the step's title and run a script's `main` on `argv`; its metrics and the seconds it took."""
     print(f"== {title} ==")
-    main = importlib.import_module(f"posformers.finetune.{script}").main
     start = time.perf_counter()
     results = main(argv)
     return results, time.perf_counter() - start
@@ -102,7 +100,9 @@ def classify(model_dir: Path) -> None:
 
 def sst2_step(args, output_dir: Path) -> None:
     title = "1. SST-2: fine-tune a small RoFormer from scratch with posformers-glue"
-    results, seconds = run_step(title, "run_glue", glue_arguments(args, output_dir))
+    from posformers.finetune import run_glue
+
+    results, seconds = run_step(title, run_glue.main, glue_arguments(args, output_dir))
     accuracy = results["eval_accuracy"]
     print(f"SST-2 dev accuracy {accuracy:.3f} (majority class: 0.509) after {seconds:.0f}s; saved to {output_dir}")
     classify(output_dir)
@@ -129,7 +129,9 @@ def qa_arguments(args, output_dir: Path) -> list[str]:
 
 def qa_step(args, output_dir: Path) -> None:
     title = "2. Long-document QA: a small LittleBird from scratch with posformers-qa"
-    results, seconds = run_step(title, "run_qa", qa_arguments(args, output_dir))
+    from posformers.finetune import run_qa
+
+    results, seconds = run_step(title, run_qa.main, qa_arguments(args, output_dir))
     exact_match, f1 = results["eval_exact_match"], results["eval_f1"]
     print(
         f"QA on the questions it trained on: exact match {exact_match:.1f}, F1 {f1:.1f} after {seconds:.0f}s; saved "

@@ -363,17 +363,21 @@ class Pretrain(Script):
             **common,
         )
 
+    @property
+    def pad_to_multiple_of(self) -> int | None:
+        """Padded lengths in multiples of 8 under --fp16 or --bf16."""
+        return 8 if self.training_args.fp16 or self.training_args.bf16 else None
+
     def masking_collator(self):
         """RSS's questions, or the masks of MLM (and of rtd and distill), drawn from --seed."""
         training_args = self.training_args
-        pad_to_multiple_of = 8 if training_args.fp16 or training_args.bf16 else None
         if self.objective == "rss":
             return RecurringSpanCollator(
                 self.tokenizer,
                 self.question_token_id,
                 self.rss_args.rss_max_questions,
                 self.rss_args.rss_question_rate,
-                pad_to_multiple_of=pad_to_multiple_of,
+                pad_to_multiple_of=self.pad_to_multiple_of,
                 seed=training_args.seed,
             )
         # RTD masks every selected token (the official DeBERTa-v3 data); MLM uses BERT's 80/10/10.
@@ -382,7 +386,7 @@ class Pretrain(Script):
             self.tokenizer,
             self.data_args.mlm_probability,
             self.data_args.whole_word_masking,
-            pad_to_multiple_of=pad_to_multiple_of,
+            pad_to_multiple_of=self.pad_to_multiple_of,
             seed=training_args.seed,
             **replace,
         )

@@ -78,6 +78,8 @@ class AttentionPlan:
 
     def group_positions(self, width: int) -> RelativePositions | None:
         """The RelativePositions of a packed pass's length group of `width`, built once per pass."""
+        if self.positions is not None and width == self.positions.length:
+            return self.positions
         if self.positions_of is not None and width not in self._group_positions:
             self._group_positions[width] = self.positions_of(width)
         return self._group_positions.get(width)
@@ -100,13 +102,6 @@ def token_and_pair_masks(attention_mask: torch.Tensor | None, device) -> tuple:
     if mask.dim() == 2:
         return mask, mask[:, None, None, :]
     return mask.any(dim=-2), mask[:, None]
-
-
-def pack_tokens(packing: PackedBatch, tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """A per-token input, (B, L, ...) or (1, L, ...) broadcast over the batch, as the packed (1, N, ...) row."""
-    if tensor is None or packing.flattened:
-        return tensor
-    return packing.pack(tensor.expand(packing.rows, packing.width, *tensor.shape[2:]))
 
 
 def sequence_convolution(conv: nn.Conv1d, hidden_states: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:

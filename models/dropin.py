@@ -20,21 +20,18 @@ from transformers.models.roformer.modeling_roformer import RoFormerSinusoidalPos
 from transformers.utils import logging
 
 from . import modeling_deberta, modeling_roformer
+from .configuration_deberta import AUTO_MAP as DEBERTA_AUTO_MAP
 from .configuration_deberta import OFFICIAL_DEFAULTS, DebertaConfig, pooler_fields
+from .configuration_roformer import AUTO_MAP as ROFORMER_AUTO_MAP
 from .configuration_roformer import RoFormerConfig
 
 logger = logging.get_logger(__name__)
 
 # The Auto classes `enable()` reaches: every one posformers has a head for.
-AUTO_CLASSES = (
-    "AutoModel",
-    "AutoModelForPreTraining",
-    "AutoModelForMaskedLM",
-    "AutoModelForCausalLM",
-    "AutoModelForSequenceClassification",
-    "AutoModelForTokenClassification",
-    "AutoModelForQuestionAnswering",
-    "AutoModelForMultipleChoice",
+AUTO_CLASSES = tuple(
+    dict.fromkeys(
+        name for auto_map in (DEBERTA_AUTO_MAP, ROFORMER_AUTO_MAP) for name in auto_map if name != "AutoConfig"
+    )
 )
 
 QA_REASON = (

@@ -37,7 +37,6 @@ from .deberta_kernels import (
     InferenceCache,
     RelativePositions,
     disentangled_attention,
-    pack_tokens,
     projects_with_weights_only,
     sequence_convolution,
     token_and_pair_masks,
@@ -58,7 +57,7 @@ from .hub_methods import HubMethods
 from .inputs import check_inputs
 from .layers import Intermediate, ResidualOutput
 from .loading import checkpoint_names
-from .packing import PackedBatch, keep_states, pass_inputs, plan_packing, state_shower, zero_padding
+from .packing import UNPLANNED, PackedBatch, keep_states, pass_inputs, plan_packing, state_shower, zero_padding
 
 logger = logging.get_logger(__name__)
 
@@ -469,8 +468,8 @@ class DebertaModel(DebertaPreTrainedModel):
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None,
-                packing: PackedBatch | None = None, **kwargs) -> BaseModelOutput:  # fmt: skip
-        """`packing`: the plan of this pass (a head's `packing_for`), else planned here."""
+                packing: PackedBatch | None = UNPLANNED, **kwargs) -> BaseModelOutput:  # fmt: skip
+        """`packing`: the plan of this pass (a head's `packing_for`; None: the padded path), else planned here."""
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
@@ -480,7 +479,7 @@ class DebertaModel(DebertaPreTrainedModel):
         shape = check_inputs(
             config, self.dtype, *inputs, embedding_size=size, check_mask=check_mask, position_limit=limit
         )
-        if packing is None:
+        if packing is UNPLANNED:
             packing = self.packing_for(
                 input_ids, inputs_embeds, attention_mask, position_ids, output_attentions, kwargs
             )
@@ -489,10 +488,10 @@ class DebertaModel(DebertaPreTrainedModel):
             restore = functools.partial(zero_padding, attention_mask=attention_mask)  # zeros at padding, as packed
         else:  # the real tokens as one (1, N) row
             restore = packing.restore
-            input_ids, token_type_ids, inputs_embeds = (
-                pack_tokens(packing, t) for t in (input_ids, token_type_ids, inputs_embeds)
+            input_ids, token_type_ids, inputs_embeds = map(
+                packing.pack_input, (input_ids, token_type_ids, inputs_embeds)
             )
-            position_ids = packing.position_ids() if position_ids is None else pack_tokens(packing, position_ids)
+            position_ids = packing.position_ids() if position_ids is None else packing.pack_input(position_ids)
         attention_plan = self.encoder.attention_plan(attention_mask, packing, shape[1], device)
         embedding_output = self.embeddings(
             input_ids, token_type_ids, position_ids, attention_plan.token_mask, inputs_embeds
@@ -548,7 +547,7 @@ class DebertaEnhancedMaskDecoder(nn.Module):
         if self.steps:
             if packing is not None:
                 layer_input = packing.pack(layer_input)
-                position_ids = packing.position_ids() if position_ids is None else pack_tokens(packing, position_ids)
+                position_ids = packing.position_ids() if position_ids is None else packing.pack_input(position_ids)
             elif position_ids is None:
                 position_ids = torch.arange(layer_input.shape[1], device=layer_input.device)[None]
             encoder = deberta.encoder

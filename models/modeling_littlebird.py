@@ -50,7 +50,7 @@ from .littlebird_kernels import (
     lean_feed_forward,
     unpack_sliding_window_kernel,
 )
-from .packing import PackedBatch, keep_states, pass_inputs, plan_packing, state_shower, zero_padding
+from .packing import UNPLANNED, PackedBatch, keep_states, pass_inputs, plan_packing, state_shower, zero_padding
 
 
 class LittleBirdEmbeddings(TokenEmbeddings):
@@ -405,9 +405,10 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        packing: PackedBatch | None = None,
+        packing: PackedBatch | None = UNPLANNED,
         **kwargs,
     ) -> LittleBirdModelOutput:
+        """`packing`: the plan of this pass (a head's `packing_for`; None: the padded path), else planned here."""
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
@@ -415,16 +416,15 @@ class LittleBirdModel(LittleBirdPreTrainedModel):
         shape = check_inputs(
             config, self.dtype, *inputs, embedding_size=config.hidden_size, check_mask=check_littlebird_mask
         )
-        if packing is None:
+        if packing is UNPLANNED:
             packing = self.packing_for(
                 input_ids, inputs_embeds, attention_mask, position_ids, output_attentions, kwargs
             )
         if position_ids is not None and (packing is None or not packing.flattened):
             check_token_positions(position_ids, shape)
         if packing is not None:
-            input_ids, inputs_embeds, token_type_ids = (
-                packing.pack(t.expand(*shape, *t.shape[2:])) if t is not None else None
-                for t in (input_ids, inputs_embeds, token_type_ids)
+            input_ids, inputs_embeds, token_type_ids = map(
+                packing.pack_input, (input_ids, inputs_embeds, token_type_ids)
             )
 
         embedding_output = self.embeddings(

@@ -38,12 +38,14 @@ from .heads import (
     choice_loss,
     first_token_states,
     flatten_choice_batch,
+    head_output,
     refuse_flattened,
+    replace_decoder,
 )
 from .hub_methods import HubMethods
 from .inputs import check_inputs
 from .layers import Intermediate, ResidualOutput, TokenEmbeddings
-from .packing import PackedBatch, keep_states, pass_inputs, plan_packing, state_shower, zero_padding
+from .packing import UNPLANNED, PackedBatch, keep_states, pass_inputs, plan_packing, state_shower, zero_padding
 from .roformer_kernels import linear_attention_forward, softmax_attention
 
 logger = logging.get_logger(__name__)
@@ -544,13 +546,14 @@ class RoFormerModel(RoFormerPreTrainedModel):
         return_dict: bool | None = None,
         past_key_values: Cache | None = None,
         use_cache: bool | None = None,
-        packing: PackedBatch | None = None,
+        packing: PackedBatch | None = UNPLANNED,
         **kwargs,
     ) -> RoFormerModelOutput:
         """Padded batches run padding-free as `config.unpad_inputs` says (`packing_for`); a flattened batch always
         runs per sequence and returns (1, N, d). A decoder reads and extends `past_key_values`. Per-token outputs hold
         zeros at the 2D mask's padded positions on every path, unless `keep_padding_states=True` is passed: that pass
-        runs padded and returns the states it computes there (transformers' RoFormer multiple choice reads them)."""
+        runs padded and returns the states it computes there (transformers' RoFormer multiple choice reads them).
+        `packing`: the plan of this pass (a head's `packing_for`; None: the padded path), else planned here."""
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
@@ -565,17 +568,15 @@ class RoFormerModel(RoFormerPreTrainedModel):
         check_mask = functools.partial(check_attention_mask, past_length=past_length, config=config)
         inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         shape = check_inputs(config, self.dtype, *inputs, embedding_size=config.embedding_size, check_mask=check_mask)
-        if packing is None:
+        if packing is UNPLANNED:
             packing = self.packing_for(
                 input_ids, inputs_embeds, attention_mask, position_ids, output_attentions, kwargs
             )
         keep_padding_states = kwargs.pop("keep_padding_states", False)
         past_length = past_length or 0
         if packing is not None:  # the real tokens, one sequence after another in a (1, N) row
-            input_ids, inputs_embeds, token_type_ids, position_ids = (
-                packing.pack(t.expand(*shape, *t.shape[2:])) if t is not None else None
-                for t in (input_ids, inputs_embeds, token_type_ids, position_ids)
-            )
+            inputs = (input_ids, inputs_embeds, token_type_ids, position_ids)
+            input_ids, inputs_embeds, token_type_ids, position_ids = map(packing.pack_input, inputs)
 
         hidden_states = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         if hasattr(self, "embeddings_project"):
@@ -723,9 +724,7 @@ class RoFormerForCausalLM(RoFormerPreTrainedModel, GenerationMixin):
         return self.cls.predictions.decoder
 
     def set_output_embeddings(self, new_embeddings):
-        self.cls.predictions.decoder = new_embeddings
-        if new_embeddings.bias is not None:
-            self.cls.predictions.bias = new_embeddings.bias
+        replace_decoder(self.cls.predictions, new_embeddings)
 
     def prepare_inputs_for_generation(self, input_ids, *args, **kwargs):
         model_inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
@@ -826,7 +825,6 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 
-    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -839,7 +837,7 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         output_hidden_states=None,
         return_dict=None,
         **kwargs,
-    ) -> MultipleChoiceModelOutput:
+    ) -> MultipleChoiceModelOutput | tuple:
         inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         num_choices, choices = flatten_choice_batch(self, *inputs, output_attentions, output_hidden_states, kwargs)
         # the last position of a padded choice is a padding token, whose state transformers' RoFormer classifies
@@ -847,9 +845,7 @@ class RoFormerForMultipleChoice(RoFormerPreTrainedModel):
         summary = self.sequence_summary(outputs.last_hidden_state, choices["attention_mask"])
         logits = self.classifier(summary).view(-1, num_choices)
         loss = choice_loss(logits, labels, kwargs.get("num_items_in_batch"))
-        return MultipleChoiceModelOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
+        return head_output(MultipleChoiceModelOutput, outputs, self.config, return_dict, loss=loss, logits=logits)
 
 
 class RoFormerForTokenClassification(EncoderForTokenClassification, RoFormerPreTrainedModel): ...

@@ -69,6 +69,13 @@ class PackedBatch:
             return tensor
         return tensor.flatten(0, 1).index_select(0, self.indices)[None]
 
+    def pack_input(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """A per-token input, (rows, width, ...) or (1, width, ...) broadcast over the rows, as the packed (1, N, ...)
+        row; None stays None."""
+        if tensor is None or self.flattened:
+            return tensor
+        return self.pack(tensor.expand(self.rows, self.width, *tensor.shape[2:]))
+
     def unpack(self, tensor: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         """(1, N, ...) -> (rows, width, ...), `fill` at padded positions (differentiable)."""
         grid = tensor.new_full((self.rows * self.width, *tensor.shape[2:]), fill)
@@ -254,6 +261,11 @@ def pack_flattened(position_ids: torch.Tensor, attention_mask=None, cu_seq_lens=
     width = max(lengths)
     indices = sequence * width + positions
     return PackedBatch(indices=indices, cu_seqlens=cu_seqlens, lengths=lengths, width=width, flattened=True)
+
+
+# A base model's `packing=` when no head planned its pass: it then plans the pass itself. None is a plan (the padded
+# path), so it cannot mean "not planned".
+UNPLANNED = object()
 
 
 def pass_inputs(input_ids, inputs_embeds, attention_mask, position_ids, kwargs: dict):

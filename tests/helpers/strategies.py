@@ -241,6 +241,12 @@ def reads_absolute_positions(fields: dict, head: str) -> bool:
     return config.position_biased_input or (head == "AutoModelForMaskedLM" and config.uses_emd)
 
 
+def position_limit(model) -> int | None:
+    """The size of the absolute position table `model`'s embeddings read, None when they read none."""
+    reads_positions = hasattr(model.base_model.embeddings, "position_embeddings")
+    return model.config.max_position_embeddings if reads_positions else None
+
+
 @st.composite
 def deberta_batches(draw, fields: dict, head: str, rows: tuple[int, int] = (1, 3)) -> dict:
     """A right-padded batch: row lengths 0 (fully padded) to past max_relative_positions (and, where no absolute
@@ -459,8 +465,7 @@ def deberta_invalid_inputs(model, batch: dict) -> dict:
             "attention_mask",
         ),
     }
-    reads_positions = hasattr(model.base_model.embeddings, "position_embeddings")
-    limit = model.config.max_position_embeddings if reads_positions else None
+    limit = position_limit(model)
     for position in (limit, -1) if limit else ():
         table[f"position_ids holding {position}"] = (
             replaced(position_ids=torch.full((rows, width), position)),

@@ -36,6 +36,7 @@ from helpers.strategies import (
     NOT_A_NUMBER,
     STRATEGIES,
     dynamic_scaling,
+    position_limit,
     real_mask,
     row,
     run,
@@ -413,8 +414,7 @@ def shared_invalid_inputs(model, batch: dict) -> dict:
             "token_type_ids",
         )
     # A flattened batch of the rows' first tokens (as many as an absolute position table, if any, takes).
-    reads_positions = hasattr(model.base_model.embeddings, "position_embeddings")
-    limit = config.max_position_embeddings if reads_positions else rows * width
+    limit = position_limit(model) or rows * width
     cut = min(width, limit // rows)
     if not cut:
         return table
