@@ -199,9 +199,9 @@ class DebertaConfig(EncoderConfig):
         clip_relative_positions (`bool`, defaults to `True`): with `position_buckets`, which arithmetic maps a
             distance beyond `max_relative_positions` (else `max_position_embeddings`) to a relative row. `True`: the
             microsoft/DeBERTa repository's, distances clipped to `±(max_relative_positions - 1)` before the log
-            bucket, so every pair reads a row training at that length reached. `False`: transformers' port's (and
-            PyPI `deberta` 0.1.12's), op for op: no clip, far buckets run past the table and the row index clamps at
-            its ends (a key far after its query reads row 0). Without buckets both are the same. The drop-in
+            bucket, so every pair reads a row training at that length reached. `False`: transformers' port's, op for
+            op (PyPI `deberta` 0.1.12 does not clip either): far buckets run past the table and the row index clamps
+            at its ends (a key far after its query reads row 0). Without buckets both are the same. The drop-in
             (`posformers.enable()`, `posformers.optimize`) sets `False`, so weights fine-tuned with transformers get
             transformers' answers at every length.
     """
