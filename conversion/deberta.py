@@ -779,6 +779,8 @@ class DebertaSource(core.Source):
     key map, verification and the tokenizer."""
 
     format_name = ""
+    # `DebertaConfig.clip_relative_positions`: the arithmetic the source's weights ran past max_relative_positions
+    clip_relative_positions = True
 
     @abstractmethod
     def read(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -800,6 +802,7 @@ class DebertaSource(core.Source):
         if labelled and not {"id2label", "num_labels"} & set(self.official):  # no labels in config.json: the rows
             self.official = {**self.official, "num_labels": tensors["classifier.weight"].shape[0]}
         self.config = posformers_config(self.official)
+        self.config.clip_relative_positions = self.clip_relative_positions
         if self.head == "masked-lm" and self.config.uses_emd and POSITION_EMBEDDINGS not in tensors:
             self.without_position_table()
         self.model_class = getattr(posformers, HEAD_CLASSES[self.head])
@@ -846,6 +849,9 @@ class DebertaSource(core.Source):
 class HFSource(DebertaSource):
     help = "Microsoft's checkpoints on the Hub (config.json)"
     format_name = "Hugging Face format"
+    # A folder in transformers' format ran transformers' unclipped buckets (a fine-tune saved by its classes learned
+    # them; Microsoft's pretrained ones never met a distance where the two differ): the output keeps its answers.
+    clip_relative_positions = False
 
     def read(self) -> tuple[dict, dict[str, torch.Tensor]]:
         official = read_hf_config(self.path)

@@ -196,6 +196,14 @@ class DebertaConfig(EncoderConfig):
             the last encoder layer (the official code: 2). 0 turns the EMD off (the LM head reads the encoder output,
             as transformers' DebertaForMaskedLM does). The EMD exists only when `position_biased_input` is `False`,
             as in the official code.
+        clip_relative_positions (`bool`, defaults to `True`): with `position_buckets`, which arithmetic maps a
+            distance beyond `max_relative_positions` (else `max_position_embeddings`) to a relative row. `True`: the
+            microsoft/DeBERTa repository's, distances clipped to `±(max_relative_positions - 1)` before the log
+            bucket, so every pair reads a row training at that length reached. `False`: transformers' port's, op for
+            op (PyPI `deberta` 0.1.12 does not clip either): far buckets run past the table and the row index clamps
+            at its ends (a key far after its query reads row 0). Without buckets both are the same. The drop-in
+            (`posformers.enable()`, `posformers.optimize`) sets `False`, so weights fine-tuned with transformers get
+            transformers' answers at every length.
     """
 
     model_type = "posformers-deberta"
@@ -228,6 +236,7 @@ class DebertaConfig(EncoderConfig):
     eos_token_id: int | list[int] | None = None
     projection_layout: str = "separate"
     emd_steps: int = 2
+    clip_relative_positions: bool = True
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # an official "deberta" / "deberta-v2" config.json becomes ours
@@ -298,7 +307,7 @@ class DebertaConfig(EncoderConfig):
         check_probability(self, "pooler_dropout")
         if self.cls_dropout is not None:  # None means hidden_dropout_prob
             check_probability(self, "cls_dropout")
-        check_flags(self, ("relative_attention", "share_att_key", "position_biased_input"))
+        check_flags(self, ("relative_attention", "share_att_key", "position_biased_input", "clip_relative_positions"))
         check_activation(self, "pooler_hidden_act")
         check_activation(self, "conv_act")
         check_choice(self, "projection_layout", ("separate", "fused"))

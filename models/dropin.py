@@ -96,12 +96,19 @@ class TransformersFormat:
 
 class DebertaFormat(TransformersFormat, DebertaConfig):
     """DeBERTa as transformers configures it: the fields a transformers file leaves out take transformers' defaults,
-    the projection layout follows the version, and there is no Enhanced Mask Decoder (transformers has none)."""
+    the projection layout follows the version, there is no Enhanced Mask Decoder (transformers has none), and
+    distances beyond `max_relative_positions` take transformers' unclipped buckets (`clip_relative_positions`), what
+    weights fine-tuned with transformers on long inputs learned; a config that names the field keeps its value."""
 
     @classmethod
     def posformers_fields(cls, fields: dict) -> dict:
         model_type = cls.transformers_config.model_type
-        fields = {**OFFICIAL_DEFAULTS[model_type], **pooler_fields(fields, repository_format=False), "emd_steps": 0}
+        fields = {
+            **OFFICIAL_DEFAULTS[model_type],
+            "clip_relative_positions": False,
+            **pooler_fields(fields, repository_format=False),
+            "emd_steps": 0,
+        }
         if fields.get("pos_att_type") is None:
             fields["pos_att_type"] = []
         return fields

@@ -99,24 +99,33 @@ class DebertaEmbeddings(nn.Module):
         return self.dropout(embeddings)
 
 
-def log_bucket_position(relative_pos: torch.Tensor, bucket_size: int, max_position: int) -> torch.Tensor:
+def log_bucket_position(relative_pos: torch.Tensor, bucket_size: int, max_position: int, clip: bool = True):
     """DeBERTa-v2's log buckets (official `make_log_bucket_position`) of integer distances `i - j`, any shape:
     distances up to `bucket_size // 2` are kept, farther ones share log-spaced buckets reaching `bucket_size - 1` at
-    `max_position - 1`. Distances are first clipped to `±(max_position - 1)` as in the official code (transformers'
-    port is not), and the float32 arithmetic is the official one, so bucket boundaries agree exactly."""
+    `max_position - 1`.
+
+    clip: distances are first clipped to `±(max_position - 1)`, as in the microsoft/DeBERTa repository, in its float32
+    arithmetic. Else transformers' port op for op (its log of the float32 ratio, not of the Python one: the two part
+    at some bucket boundaries), whose buckets keep growing past `bucket_size - 1` beyond `max_position - 1`."""
     mid = bucket_size // 2
-    relative_pos = relative_pos.long().clamp(-max_position + 1, max_position - 1)
+    relative_pos = relative_pos.long()
+    if clip:
+        relative_pos = relative_pos.clamp(-max_position + 1, max_position - 1)
+        log_span = math.log((max_position - 1) / mid)
+    else:
+        log_span = torch.tensor((max_position - 1) / mid, dtype=torch.float32, device=relative_pos.device).log()
     abs_pos = relative_pos.abs()
     # Inside the window the log is not used; any value >= mid keeps it finite.
     far = abs_pos.clamp_min(mid).to(torch.float32)
-    log_pos = torch.ceil(torch.log(far / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    log_pos = torch.ceil(torch.log(far / mid) / log_span * (mid - 1)) + mid
     return torch.where(abs_pos <= mid, relative_pos, log_pos.long() * relative_pos.sign())
 
 
-def _farthest_bucket(distance: int, bucket_size: int, max_position: int) -> int:
+def _farthest_bucket(distance: int, bucket_size: int, max_position: int, clip: bool = True) -> int:
     """An upper bound of `|log_bucket_position(d)|` over `|d| <= distance` (float64, one bucket of margin)."""
     mid = bucket_size // 2
-    distance = min(distance, max_position - 1)
+    if clip:
+        distance = min(distance, max_position - 1)
     if distance <= mid:
         return distance
     return math.ceil(math.log(distance / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid + 1
@@ -126,19 +135,20 @@ def relative_positions(length: int, config: DebertaConfig, device, cache=None) -
     """The relative embedding row of every query/key pair of a length-L self-attention, with the official clamping.
 
     The official code scores query i against key j with row `clamp(bucket(i - j) + k, 0, 2k - 1)` of the relative
-    embedding table (k = `config.relative_span`; `bucket` is the identity without `position_buckets`). v1 slices its
-    table to the span the length needs first; that selects the same rows, so one formula covers v1, v2 and v3.
+    embedding table (k = `config.relative_span`; `bucket` is the identity without `position_buckets`, and clips the
+    distance first with `config.clip_relative_positions`). v1 slices its table to the span the length needs first;
+    that selects the same rows, so one formula covers v1, v2 and v3.
     """
-    span = config.relative_span
+    span, clip = config.relative_span, config.clip_relative_positions
     buckets, max_position = config.position_buckets, config.max_relative_distance
     distances = torch.arange(-(length - 1), length, device=device)  # i - j, from -(L-1) to L-1
     if buckets > 0:
-        distances = log_bucket_position(distances, buckets, max_position)
+        distances = log_bucket_position(distances, buckets, max_position, clip)
     rows = (distances + span).clamp(0, 2 * span - 1)  # (2L - 1,), non-decreasing in i - j
     if torch.compiler.is_exporting():
         farthest = span  # an exported graph (ONNX) serves every length: all rows, no Python math on the length
     else:
-        farthest = _farthest_bucket(length - 1, buckets, max_position) if buckets > 0 else length - 1
+        farthest = _farthest_bucket(length - 1, buckets, max_position, clip) if buckets > 0 else length - 1
     first_row = max(span - farthest, 0)
     num_rows = min(span + farthest, 2 * span - 1) - first_row + 1
     return RelativePositions(rows - first_row, first_row, num_rows, cache)

@@ -271,6 +271,7 @@ def test_hf_v3_discriminator_gives_rtd_and_loads_with_remote_code(workdir, conve
     assert "MLM head (lm_predictions)" in result.stdout and "absolute position table" in result.stdout
     model = transformers.AutoModelForPreTraining.from_pretrained(output).eval()
     assert isinstance(model, posformers.DebertaForReplacedTokenDetection)
+    assert model.config.clip_relative_positions is False  # transformers' arithmetic, as the verification's
     assert_weights_equal(model, state, {"mask_predictions.classifier.weight": "mask_predictions.classifier.weight"})
     tokenizer = transformers.AutoTokenizer.from_pretrained(output)
     inputs = dict(tokenizer([TEXT, "good"], padding=True, return_tensors="pt"))
@@ -331,6 +332,7 @@ def test_original_v3_release_with_config_inside_the_state(original_v3_converted)
     assert "config" in result.stdout  # the non-tensor entry is reported, not loaded as a weight
     model = posformers.DebertaForReplacedTokenDetection.from_pretrained(output)
     assert model.config.position_buckets == 16 and model.config.share_att_key
+    assert model.config.clip_relative_positions is True  # the repository's arithmetic
     assert_weights_equal(model, state, {"mask_predictions.classifier.bias": "mask_predictions.classifer.bias"})
     assert transformers.AutoTokenizer.from_pretrained(output).tokenize(TEXT)
 

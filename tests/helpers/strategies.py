@@ -201,6 +201,7 @@ def deberta_fields(draw, head: str = "AutoModel") -> dict:
         position_biased_input=draw(st.booleans()),
         projection_layout=draw(st.sampled_from(["separate", "fused"])),
         emd_steps=draw(st.integers(0, 3)),
+        clip_relative_positions=draw(st.booleans()),
         tie_word_embeddings=draw(st.booleans()),
         pooler_hidden_act=draw(st.sampled_from(DEBERTA_ACTIVATIONS)),
         pooler_dropout=draw(st.sampled_from([0, 0.2])),

@@ -11,7 +11,7 @@ import peft
 import pytest
 import torch
 import transformers
-from helpers.modeling import max_diff
+from helpers.modeling import max_diff, packing_calls
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
@@ -509,3 +509,134 @@ def test_optimize_keeps_activation_checkpointing():
     model.activation_checkpointing_enable()
     posformers.optimize(model)
     assert type(model).__module__ == "posformers.dropin" and model.is_activation_checkpointing
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inputs longer than max_position_embeddings: transformers' arithmetic (no clip of far distances)
+# ---------------------------------------------------------------------------------------------------------------------
+
+# DeBERTa-v3's relative positions (256 log buckets up to 512 distances, max_relative_positions unset) at a small width
+V3_POSITIONS = dict(FAMILIES["v3"][1], position_buckets=256, max_relative_positions=-1, max_position_embeddings=512)
+# and the drop-in families past their max_relative_positions (64); v1 adds absolute positions, a table of 1,024 here
+LONG_FAMILIES = {
+    "v3-positions": ("DebertaV2", V3_POSITIONS),
+    "v1": ("Deberta", dict(FAMILIES["v1"][1], max_position_embeddings=1024)),
+    **{name: FAMILIES[name] for name in ("v2", "v3")},
+}
+LONG_HEADS = ("Model", "ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice", "ForMaskedLM")
+
+
+def long_reference(family: str, head: str, spread: float = 0.1, **overrides):
+    """transformers' class of a LONG_FAMILIES entry (random weights, seeded, moved off their initial values by noise of
+    std `spread`, so that at a small width the scores are sharp enough for the one pair a 513-token input puts past
+    512 to show), in eval mode."""
+    prefix, fields = LONG_FAMILIES[family]
+    if head == "ForMaskedLM":
+        overrides = {"legacy": False, **overrides}
+    config = getattr(transformers, f"{prefix}Config")(**{**TINY, **fields, "num_labels": 3, **overrides})
+    torch.manual_seed(0)
+    model = getattr(transformers, prefix + head)(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(spread * torch.randn_like(parameter))
+    return model
+
+
+def long_batch(head: str, length: int, padded: bool) -> tuple[dict, torch.Tensor]:
+    """Two rows of `length` tokens: all real (a mask of ones: the padded path), or the second one right-padded from
+    3/4 of the length on (the padding-free path); labels for `head`; the 2D mask of its real tokens."""
+    generator = torch.Generator().manual_seed(length)
+    input_ids = torch.randint(1, 99, (2, length), generator=generator)
+    mask = torch.ones_like(input_ids)
+    if not padded:
+        mask[1, 3 * length // 4 :] = 0
+    inputs = dict(input_ids=input_ids.masked_fill(mask == 0, 0), attention_mask=mask)
+    if head == "ForSequenceClassification":
+        inputs["labels"] = torch.tensor([0, 2])
+    elif head in ("ForTokenClassification", "ForMaskedLM"):
+        classes = 3 if head == "ForTokenClassification" else 99
+        inputs["labels"] = torch.randint(0, classes, (2, length), generator=generator).masked_fill(mask == 0, -100)
+    elif head == "ForMultipleChoice":  # one question, its two rows the choices
+        inputs = {name: tensor[None] for name, tensor in inputs.items()} | {"labels": torch.tensor([1])}
+    return inputs, mask
+
+
+def assert_long_parity(theirs, ours, head: str, length: int, padded: bool, monkeypatch) -> None:
+    """`ours` (a drop-in model) gives `theirs`' outputs and loss at real tokens, on the path `padded` names."""
+    from posformers import modeling_deberta
+
+    calls = packing_calls(monkeypatch, modeling_deberta)
+    inputs, mask = long_batch(head, length, padded)
+    with torch.no_grad():
+        expected, actual = theirs(**inputs), ours(**inputs)
+    assert calls and all((plan is None) == padded for plan in calls), "not the path under test"
+    field = "last_hidden_state" if head == "Model" else "logits"
+    diff = max_diff(per_token(expected[field], mask), per_token(actual[field], mask))
+    assert diff <= TOL, f"{head} L={length} padded={padded} {field}: max abs diff {diff}"
+    if "labels" in inputs:
+        assert abs(expected.loss.item() - actual.loss.item()) <= TOL
+
+
+LONG_CASES = [
+    pytest.param("v3-positions", head, length, padded, id=f"v3-positions-{head}-{length}-{path}")
+    for head in LONG_HEADS
+    for length in (513, 1024)
+    for padded, path in ((True, "padded"), (False, "padding-free"))
+] + [
+    pytest.param(family, "Model", 513, padded, id=f"{family}-Model-513-{path}")
+    for family in ("v1", "v2", "v3")
+    for padded, path in ((True, "padded"), (False, "padding-free"))
+]
+
+
+@pytest.mark.parametrize(("family", "head", "length", "padded"), LONG_CASES)
+def test_long_inputs_give_transformers_answers(family, head, length, padded, tmp_path, monkeypatch):
+    """Past max_relative_positions (512 for v3-positions, 64 for v1/v2/v3), the drop-in model reads the relative rows
+    transformers reads (its log buckets are not clipped), on the padded path and the padding-free one."""
+    theirs = long_reference(family, head)
+    folder, auto = saved(theirs, tmp_path), auto_class(theirs)
+    with posformers.enabled():
+        ours = auto.from_pretrained(folder).eval()
+    assert_long_parity(theirs, ours, head, length, padded, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "padding-free"])
+def test_4096_tokens_give_transformers_answers(padded, monkeypatch):
+    theirs = long_reference("v3-positions", "Model", num_attention_heads=2)
+    ours = posformers.optimize(long_reference("v3-positions", "Model", num_attention_heads=2))
+    assert_long_parity(theirs, ours, "Model", 4096, padded, monkeypatch)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "posformers_fused"])
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "padding-free"])
+def test_long_inputs_give_transformers_answers_on_every_kernel(implementation, padded, monkeypatch):
+    theirs = long_reference("v3-positions", "Model")
+    ours = posformers.optimize(long_reference("v3-positions", "Model"))
+    ours.set_attn_implementation(implementation)
+    assert_long_parity(theirs, ours, "Model", 513, padded, monkeypatch)
+
+
+@pytest.mark.slow
+def test_base_size_at_1024_tokens_gives_transformers_answers(monkeypatch):
+    """deberta-v3-base's width and heads (768, 12; 6 of its 12 layers), where the unclipped rows mattered most."""
+    base = dict(hidden_size=768, num_hidden_layers=6, num_attention_heads=12, intermediate_size=3072)
+    theirs = long_reference("v3-positions", "Model", spread=0.02, **base)
+    ours = posformers.optimize(long_reference("v3-positions", "Model", spread=0.02, **base))
+    assert_long_parity(theirs, ours, "Model", 1024, True, monkeypatch)
+
+
+def test_the_arithmetic_field_stays_out_of_transformers_files(tmp_path):
+    """The drop-in runs transformers' arithmetic without writing `clip_relative_positions` into config.json, and the
+    folder loads without posformers with the same answers at 513 tokens; posformers' own config writes the field."""
+    model = posformers.optimize(long_reference("v3-positions", "Model"))
+    assert model.config.clip_relative_positions is False
+    folder = saved(model, tmp_path / "drop-in")
+    assert "clip_relative_positions" not in json.loads((tmp_path / "drop-in" / "config.json").read_text())
+    reloaded = AutoModel.from_pretrained(folder).eval()
+    assert type(reloaded) is transformers.DebertaV2Model
+    inputs, _ = long_batch("Model", 513, padded=True)
+    with torch.no_grad():
+        assert max_diff(reloaded(**inputs).last_hidden_state, model(**inputs).last_hidden_state) <= TOL
+    posformers.DebertaConfig().save_pretrained(tmp_path / "own")
+    assert json.loads((tmp_path / "own" / "config.json").read_text())["clip_relative_positions"] is True

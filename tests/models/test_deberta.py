@@ -285,6 +285,53 @@ def test_relative_buckets_match_transformers_inside_max_position_and_the_officia
 
 
 @pytest.mark.parametrize(
+    ("buckets", "max_position"), [(32, 512), (256, 512), (64, 128), (16, 40), (33, 100), (255, 129), (511, 513)]
+)
+def test_unclipped_buckets_are_transformers_own_at_every_distance(buckets, max_position):
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+
+    # far past max_position, where transformers' buckets keep growing; odd sizes and 513 part from the Python log
+    distances = torch.arange(-16 * max_position, 16 * max_position)
+    expected = make_log_bucket_position(distances, buckets, max_position).long()
+    assert torch.equal(log_bucket_position(distances, buckets, max_position, clip=False), expected)
+
+
+# transformers' DeBERTa-v2 relative positions: (position_buckets, max_relative_positions, max_position_embeddings)
+TRANSFORMERS_POSITIONS = {
+    "v3-base": (256, -1, 512),
+    "b32-max64": (32, 64, 512),
+    "b33-max100": (33, 100, 512),
+    "no-buckets-max20": (-1, 20, 512),
+}
+
+
+@pytest.mark.parametrize("fields", TRANSFORMERS_POSITIONS.values(), ids=TRANSFORMERS_POSITIONS.keys())
+@pytest.mark.parametrize("seq_len", [40, 513, 1100])
+def test_unclipped_rows_are_transformers_rows(fields, seq_len):
+    """With clip_relative_positions=False each query/key pair reads the row transformers' DebertaV2 attention reads:
+    `clamp(build_relative_position + span, 0, 2 span - 1)`, for c2p and p2c alike."""
+    from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
+
+    buckets, max_relative, max_positions = fields
+    config = tiny_config(
+        DebertaConfig,
+        position_buckets=buckets,
+        max_relative_positions=max_relative,
+        max_position_embeddings=max_positions,
+        clip_relative_positions=False,
+    )
+    positions = relative_positions(seq_len, config, torch.device("cpu"))
+    states = torch.zeros(seq_len, 1)
+    distance = build_relative_position(states, states, bucket_size=buckets, max_position=config.max_relative_distance)
+    span = config.relative_span
+    transformers_rows = (distance[0] + span).clamp(0, 2 * span - 1)
+    assert torch.equal(positions.p2c_index + positions.first_row, transformers_rows)
+    assert torch.equal(positions.c2p_index, positions.num_rows - 1 - positions.p2c_index)
+    assert positions.p2c_index.min() >= 0 and positions.p2c_index.max() < positions.num_rows
+    assert positions.first_row + positions.num_rows <= 2 * span
+
+
+@pytest.mark.parametrize(
     "fields",
     [
         dict(position_buckets=32, max_position_embeddings=512),
@@ -424,6 +471,25 @@ def test_layers_match_step_by_step_reference(case, implementation):
         states = out.hidden_states[index]
         expected = reference_layer(model, index, states, states, attention_mask)
         assert max_diff(expected.float(), out.hidden_states[index + 1], attention_mask) <= TOL
+
+
+def test_own_config_clips_distances_beyond_max_relative_positions():
+    """posformers' own config keeps the official arithmetic: at 70 tokens with max_relative_positions=40 the model
+    equals the float64 reference, which clips; transformers' unclipped arithmetic gives other answers there."""
+    torch.manual_seed(0)
+    model = DebertaModel(ours_variant("v3", position_buckets=16, max_relative_positions=40, num_hidden_layers=1))
+    assert model.config.clip_relative_positions is True
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    input_ids, attention_mask, _ = make_batch(seq_len=70, pad_from=(None, 55, 4))
+    with torch.no_grad():
+        out = model.eval()(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        expected = reference_layer(model, 0, out.hidden_states[0], out.hidden_states[0], attention_mask)
+        assert max_diff(expected.float(), out.last_hidden_state, attention_mask) <= TOL
+        model.config.clip_relative_positions = False
+        unclipped = model(input_ids, attention_mask=attention_mask).last_hidden_state
+    assert max_diff(unclipped, out.last_hidden_state, attention_mask) > 100 * TOL
 
 
 def reference_mlm_logits(model: DebertaForMaskedLM, input_ids, attention_mask, steps: int):
@@ -1073,6 +1139,7 @@ def test_model_type_is_distinct_from_transformers():
         ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),
         ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob must be in"),
         ({"pad_token_id": 500}, "pad_token_id"),
+        ({"clip_relative_positions": "false"}, "DebertaConfig.clip_relative_positions must be True or False"),
     ],
 )
 def test_config_validation(overrides, message):

@@ -215,7 +215,10 @@ def bad_values(fields: dict) -> dict:
         "pooler_dropout": NOT_PROBABILITIES,
         "cls_dropout": NOT_PROBABILITIES.filter(lambda value: value is not None),  # None: hidden_dropout_prob
         **{name: NOT_ACTIVATIONS for name in ("pooler_hidden_act", "conv_act")},
-        **{name: NOT_BOOLEANS for name in ("relative_attention", "share_att_key", "position_biased_input")},
+        **{
+            name: NOT_BOOLEANS
+            for name in ("relative_attention", "share_att_key", "position_biased_input", "clip_relative_positions")
+        },
         "projection_layout": st.sampled_from(["interleaved", None, 0]),
         "pos_att_type": st.sampled_from(["c2p|p2p", "p2p", "c2q", ["c2p", "c2p"], "p2c|P2C", 5, ["c2p", 3]]),
         "norm_rel_ebd": st.sampled_from(["batch_norm", "layer_norm|rms", 5]),
