@@ -243,7 +243,8 @@ FAMILIES = (
 DROP_IN: dict[type, type] = {theirs: ours for family in FAMILIES for theirs, ours in family.classes.items()}
 # Every drop-in class is an attribute of this module under its name, as any class is where it is defined: pickle (and
 # torch.save, spawn workers, Ray, ...) stores a class as module + name and finds it there again.
-assert not {ours.__name__ for ours in DROP_IN.values()} & set(globals()), "a drop-in class would shadow a name here"
+if clash := {ours.__name__ for ours in DROP_IN.values()} & set(globals()):
+    raise RuntimeError(f"posformers.dropin: drop-in classes would shadow {sorted(clash)}")
 globals().update({ours.__name__: ours for ours in DROP_IN.values()})
 # DeBERTa's masked-LM models keep transformers' head (its legacy layout by default) over a posformers encoder
 HEAD_OVER_ENCODER = {transformers.DebertaForMaskedLM, transformers.DebertaV2ForMaskedLM}
@@ -324,7 +325,7 @@ _warned_builds: set[type] = set()
 _building = threading.local()  # .depth > 0 while this thread builds a model through the Auto classes' stand-ins
 
 # What a client builds by name instead of through the Auto classes, which enable() therefore does not reach
-BUILT_BY_NAME = (*DROP_IN, *HEAD_OVER_ENCODER)
+BUILT_BY_NAME = frozenset((*DROP_IN, *HEAD_OVER_ENCODER))
 BUILT_BY_NAME_WARNING = (
     "posformers: {name} was built by name (not through transformers' Auto classes), which posformers.enable() does "
     "not reach: it runs transformers' code; call posformers.optimize(model) on the model built"
