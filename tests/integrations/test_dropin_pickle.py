@@ -105,8 +105,9 @@ def test_a_spawn_worker_runs_the_model_it_is_sent(tmp_path):
     models = [build(family, head, how, tmp_path / f"{family}-{head}-{how}") for family, head, how in cases]
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         results = pool.starmap(forward_without_grad, [(model, INPUTS) for model in models])
+    # the worker runs torch with its own thread count (make test gives this process one): sums may round differently
     for model, result in zip(models, results):
-        torch.testing.assert_close(result.logits, logits(model), rtol=0, atol=0)
+        torch.testing.assert_close(result.logits, logits(model), rtol=0, atol=1e-6)
 
 
 UNPICKLE = """
