@@ -685,3 +685,24 @@ def test_runs_on_posformers_is_right_for_every_model(tmp_path):
     assert not dropin.runs_on_posformers(Wrapper(reference("roformer", "Model")))
     assert dropin.runs_on_posformers(posformers.DebertaModel(posformers.DebertaConfig(**TINY)))
     assert not dropin.runs_on_posformers(reference("v3", "ForQuestionAnswering"))
+
+
+def test_a_class_built_by_name_while_enabled_gets_one_warning_line_and_disable_stops_them(caplog):
+    """Built by name (`RoFormerModel(config)`), a model stays transformers': while enabled one line per class says so
+    and names optimize; built through the Auto classes, nothing is said; after disable(), nothing either."""
+    config = transformers.RoFormerConfig(**TINY)
+    with caplog.at_level(logging.WARNING, logger="posformers.dropin"):
+        with posformers.enabled():
+            first, second = transformers.RoFormerModel(config), transformers.RoFormerModel(config)
+            head = transformers.RoFormerForSequenceClassification(config)  # its own line, not its encoder's again
+            auto = AutoModel.from_config(config)
+            kept = transformers.AutoModelForQuestionAnswering.from_config(config)
+        transformers.DebertaV2Model(transformers.DebertaV2Config(**TINY))
+    warnings = [record.getMessage() for record in caplog.records if record.name == "posformers.dropin"]
+    assert warnings == [
+        dropin.BUILT_BY_NAME_WARNING.format(name="RoFormerModel"),
+        dropin.BUILT_BY_NAME_WARNING.format(name="RoFormerForSequenceClassification"),
+        f"posformers: RoFormerForQuestionAnswering stays transformers' class: {dropin.QA_REASON}",
+    ]
+    assert not any(dropin.runs_on_posformers(model) for model in (first, second, head, kept))
+    assert dropin.runs_on_posformers(auto)
