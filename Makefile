@@ -27,8 +27,11 @@ $(TRAIN_STAMP): pyproject.toml constraints.txt
 	$(call install,$(VENV),constraints.txt,train)
 	touch $@
 
+# GLiNER (the drop-in tests run it) pins transformers<5.17, which excludes ours: installed without its dependencies,
+# which the dev set already holds (constraints.txt pins its version).
 $(STAMP): pyproject.toml constraints.txt
 	$(call install,$(VENV),constraints.txt,dev)
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt gliner
 	touch $@ $(TRAIN_STAMP)
 
 $(NEWEST_STAMP): pyproject.toml constraints.txt constraints-newest.txt
@@ -51,10 +54,10 @@ littlebird-recipe: $(TRAIN_STAMP)
 # The subset run against the newest transformers: the model contracts, configs, the three models' tests (parity with
 # transformers' own RoFormer and DeBERTa included), the Hub round trips and the remote-code closure (read with the
 # newest transformers' own import scan); not the slow tests, the two slowest others, nor the one that needs rjieba (a
-# dev-only tokenizer dependency).
+# dev-only tokenizer dependency). test_private_apis.py: what the drop-in reads of transformers beyond its public API.
 NEWEST_TESTS := -m "not slow" tests/models/test_contracts.py tests/models/test_configs.py \
 	tests/models/test_roformer.py tests/models/test_deberta.py tests/models/test_littlebird.py \
-	tests/models/test_remote_code_closure.py tests/test_hub.py \
+	tests/models/test_remote_code_closure.py tests/test_hub.py tests/integrations/test_private_apis.py \
 	--deselect tests/models/test_roformer.py::test_output_attentions_with_flex_is_refused_clearly \
 	--deselect tests/models/test_littlebird.py::test_gradients_of_the_kernel_match_finite_differences \
 	--deselect tests/models/test_roformer.py::test_real_vocabularies_run_through_the_model

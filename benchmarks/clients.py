@@ -24,10 +24,17 @@ Clients (each one's API as a user calls it):
   threshold 0.5) and one training step of its own loss (ExtractorCollator + the model's `total_loss`, backward, AdamW
   step; 8 passages whose SQuAD answers are the entities, batch 8). GLiNER2 also runs with its own speed switch,
   `enable_disentangled_flash(backend="torch")` (the `disentangled-flash` package; when it is not installed, one line
-  says so and that column is left out).
+  says so and that column is left out);
+- GLiNER 0.2.29 (DeBERTa-v3 only): `batch_predict_entities` (SQuAD passages, 4 entity types, threshold 0.5), its
+  span model built from its config over the "base" encoder folder (seeded heads, saved once: every variant loads the
+  same weights). It builds `DebertaV2Model` by name, which `posformers.enable()` does not reach;
+- BERTScore 0.3.13: `BERTScorer(model_type=folder, num_layers=k).score` on MRPC dev pairs, k = 3/4 of the layers (9 of
+  12, as BERTScore's own table picks for deberta-base): it loads the encoder through `AutoModel` and keeps its first k
+  layers.
 
 Variants: "as shipped" (the client as installed), "posformers" (`posformers.enabled()` around the client's load, or
-for GLiNER2 `posformers.optimize(model)` on the model built as shipped), "disentangled-flash" (GLiNER2 only).
+for GLiNER2 and GLiNER `posformers.optimize(model)` on the model built as shipped: each library's documented line),
+"disentangled-flash" (GLiNER2 only).
 
 Measure: inference cells run the client's call over the cell's items at batch 32 and, over the first 16 of them, at
 batch 1 (the client's own `batch_size`); one untimed pass per variant first (it also gives the outputs compared
@@ -186,6 +193,13 @@ def build_folder(work: Path, family: str, head: str, quick: bool) -> Path:
         backbone = build_folder(work, family, "base", quick)
         torch.manual_seed(SEED)
         GLiNER2(ExtractorConfig(model_name=str(backbone))).save_pretrained(str(folder))
+        return folder
+    if head == "gliner":
+        backbone = build_folder(work, family, "base", quick)
+        torch.manual_seed(SEED)
+        folder.mkdir()
+        (folder / "backbone.txt").write_text(str(backbone))
+        torch.save(_gliner_from_config(backbone).state_dict(), folder / "gliner.pt")
         return folder
     size = dict(SIZES[family], **(TINY if quick else {}))
     model_type = "deberta-v2" if family == "deberta" else "roformer"
@@ -393,6 +407,46 @@ def _gliner2_train_step(model):
     return eval_loss, step
 
 
+def _gliner_from_config(backbone: Path):
+    """GLiNER's span model (markerV0, spans up to 8 words) over the encoder folder, as its `from_config` builds it."""
+    from gliner import GLiNER, GLiNERConfig
+
+    hidden_size = json.loads((backbone / "config.json").read_text())["hidden_size"]
+    config = GLiNERConfig(
+        model_name=str(backbone), max_width=8, hidden_size=hidden_size, max_len=384, span_mode="markerV0"
+    )
+    return GLiNER.from_config(config, backbone_from_pretrained=True, load_tokenizer=True)
+
+
+def _gliner(folder: Path):
+    model = _gliner_from_config(Path((folder / "backbone.txt").read_text()))
+    model.load_state_dict(torch.load(folder / "gliner.pt", weights_only=True))
+    return model.eval()
+
+
+def _gliner_predict(model, texts: list[str], batch: int):
+    results = model.batch_predict_entities(texts, ENTITY_TYPES, threshold=0.5, batch_size=batch)
+    return [
+        {(entity["label"], entity["start"], entity["end"]): entity["score"] for entity in spans} for spans in results
+    ]
+
+
+def bertscore_layers(folder: Path) -> int:
+    """The layers BERTScore keeps: 3/4 of the encoder's (9 of 12), at least 1."""
+    return max(1, json.loads((folder / "config.json").read_text())["num_hidden_layers"] * 3 // 4)
+
+
+def _bertscore(folder: Path):
+    from bert_score import BERTScorer
+
+    return BERTScorer(model_type=str(folder), num_layers=bertscore_layers(folder), lang="en", device="cpu")
+
+
+def _bertscore_score(scorer, pairs: list[tuple[str, str]], batch: int):
+    candidates, references = [a for a, _ in pairs], [b for _, b in pairs]
+    return torch.stack(scorer.score(candidates, references, batch_size=batch))  # (P, R, F) x pairs
+
+
 BOTH = ("deberta", "roformer")
 CLIENTS = (
     Client(
@@ -508,6 +562,31 @@ CLIENTS = (
         batch="gliner2_train_batch",
         posformers_how="optimize",
         flash=True,
+    ),
+    Client(
+        "GLiNER predict",
+        f"GLiNER 0.2.29 batch_predict_entities, SQuAD dev passages, {len(ENTITY_TYPES)} entity types",
+        "inference",
+        ("deberta",),
+        "gliner",
+        lambda counts, _: passages(counts["passages"]),
+        _gliner,
+        lambda model: model,
+        run=_gliner_predict,
+        compare=_compare_spans,
+        posformers_how="optimize",
+    ),
+    Client(
+        "BERTScore",
+        "BERTScore 0.3.13 BERTScorer(num_layers=3/4 of the layers).score, MRPC dev pairs: P, R, F",
+        "inference",
+        BOTH,
+        "base",
+        lambda counts, _: mrpc(counts["mrpc"])[0],
+        _bertscore,
+        lambda scorer: scorer._model,
+        run=_bertscore_score,
+        compare=lambda a, b: _max_diff([(a, b)]),
     ),
 )
 
@@ -698,7 +777,7 @@ def run_clients(options: Options, on_cell: Callable[[dict], None] | None = None)
         "sizes": {family: dict(size, **(TINY if options.quick else {})) for family, size in SIZES.items()},
         "variants": {
             SHIPPED: "the client as installed (transformers' models)",
-            POSFORMERS: "posformers.enabled() around the client's load; GLiNER2: posformers.optimize(model)",
+            POSFORMERS: "posformers.enabled() around the client's load; GLiNER2 and GLiNER: posformers.optimize(model)",
             FLASH: "GLiNER2 with enable_disentangled_flash(backend='torch')",
         },
         "flash_available": with_flash,
@@ -710,8 +789,8 @@ def run_clients(options: Options, on_cell: Callable[[dict], None] | None = None)
             "training does; their outputs are compared on the first batch's loss in eval mode, before any step.",
             "Inference: ms per item = the median of the timed passes over all items / items (one untimed pass "
             "first). Training: the median step / batch size (one untimed step first).",
-            "GLiNER2 posformers = GLiNER2 as shipped, then posformers.optimize(model); the others load under "
-            "posformers.enabled().",
+            "GLiNER2 and GLiNER posformers = the model as shipped, then posformers.optimize(model) (GLiNER builds its "
+            "encoder by name, which posformers.enabled() does not reach); the others load under posformers.enabled().",
         ]
         + ([] if with_flash else [FLASH_MISSING]),
     }
@@ -731,7 +810,7 @@ def _versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
     versions = {}
-    for name in ("transformers", "sentence-transformers", "gliner2", "disentangled-flash"):
+    for name in ("transformers", "sentence-transformers", "gliner2", "gliner", "bert-score", "disentangled-flash"):
         try:
             versions[name] = version(name)
         except PackageNotFoundError:
@@ -824,8 +903,8 @@ def format_markdown(report: dict[str, Any]) -> str:
         + (", QUICK (tiny models)" if report["options"]["quick"] else ", base size (DeBERTa-v3-base, RoFormer base)"),
         "",
         f"Items: {counts['sst2']} SST-2 dev sentences, {counts['mrpc']} MRPC dev pairs, {counts['passages']} SQuAD dev "
-        f"passages (GLiNER2), {counts['zero_shot']} passages x {len(ZERO_SHOT_LABELS)} labels (zero-shot), the first "
-        f"{counts['batch_1']} of them at batch 1; training "
+        f"passages (GLiNER2, GLiNER), {counts['zero_shot']} passages x {len(ZERO_SHOT_LABELS)} labels (zero-shot), "
+        f"the first {counts['batch_1']} of them at batch 1; training "
         f"batches of {counts['train_batch']} ({counts['gliner2_train_batch']} for GLiNER2); "
         f"{report['options']['repeats']} timed passes or steps per variant. Times in ms per item (lower is better). "
         f"Load average at start / end: {_load(env.get('loadavg_start'))} / {_load(env.get('loadavg_end'))}.",

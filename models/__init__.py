@@ -18,7 +18,7 @@ from . import (
 from .configuration_deberta import DebertaConfig
 from .configuration_littlebird import LittleBirdConfig
 from .configuration_roformer import RoFormerConfig
-from .dropin import disable, enable, enabled, is_enabled, optimize
+from .dropin import disable, enable, enabled, is_enabled, optimize, runs_on_posformers
 from .modeling_deberta import *  # noqa: F403 (each modeling file's __all__: its model classes)
 from .modeling_littlebird import *  # noqa: F403
 from .modeling_roformer import *  # noqa: F403
@@ -57,4 +57,5 @@ __all__ = [
     "enabled",
     "is_enabled",
     "optimize",
+    "runs_on_posformers",
 ]

@@ -41,6 +41,8 @@ LONGEST_FIRST = (
     "tests/integrations/test_onnx_deploy.py",
     "tests/integrations/test_dropin.py",
     "tests/integrations/test_dropin_gliner2.py",
+    "tests/integrations/test_dropin_gliner_bertscore.py",
+    "tests/integrations/test_dropin_pickle.py",
 )
 
 

@@ -59,6 +59,17 @@ def test_the_variants_compute_the_clients_outputs(quick_run):
         assert cell["agree"], (cell["client"], cell["family"], cell["max_abs_diff"], cell.get("notes"))
 
 
+def test_clients_that_build_or_cut_transformers_models_are_measured(quick_run):
+    """GLiNER (its encoder built by name, so posformers' variant is its documented line, optimize) and BERTScore (its
+    encoder cut to its first layers), each on posformers' model with the client's outputs."""
+    report, _ = quick_run
+    measured = {(cell["client"], cell["family"]) for cell in report["cells"]}
+    assert {("GLiNER predict", "deberta"), ("BERTScore", "deberta"), ("BERTScore", "roformer")} <= measured
+    gliner = next(client for client in clients.CLIENTS if client.name == "GLiNER predict")
+    assert gliner.posformers_how == "optimize"
+    assert {"gliner", "bert-score"} <= set(report["versions"]) and report["versions"]["gliner"] == "0.2.29"
+
+
 def test_the_report_is_written_as_json_markdown_and_a_plot(quick_run):
     report, written = quick_run
     markdown = check_written_report(report, written, clients.format_markdown)

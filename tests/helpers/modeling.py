@@ -194,3 +194,10 @@ def packing_calls(monkeypatch, modeling_module) -> list:
 
     monkeypatch.setattr(modeling_module, "plan_packing", recording)
     return calls
+
+
+def forward_without_grad(model, inputs: dict):
+    """`model(**inputs)` under `torch.no_grad()`: a module-level function, so a spawn worker of `multiprocessing` can
+    run it on a model it is sent."""
+    with torch.no_grad():
+        return model(**inputs)

@@ -278,6 +278,7 @@ def test_question_answering_stays_transformers_with_one_warning(family, tmp_path
 
 def test_a_config_posformers_cannot_honour_stays_transformers(tmp_path, enabled, caplog):
     theirs = reference("roformer", "Model", is_decoder=True, add_cross_attention=True)
+    caplog.clear()  # the reference, built by name while enabled, has its own warning line
     with caplog.at_level(logging.WARNING, logger="posformers.dropin"):
         model = AutoModel.from_pretrained(saved(theirs, tmp_path))
     assert type(model) is transformers.RoFormerModel
@@ -290,6 +291,7 @@ def test_a_config_posformers_cannot_honour_stays_transformers(tmp_path, enabled,
 def test_a_deberta_without_position_information_stays_transformers(tmp_path, enabled, caplog):
     """posformers refuses a DeBERTa that cannot see word order; transformers builds it, so its class stays."""
     theirs = reference("v3", "Model", relative_attention=False)
+    caplog.clear()  # the reference, built by name while enabled, has its own warning line
     with caplog.at_level(logging.WARNING, logger="posformers.dropin"):
         model = AutoModel.from_pretrained(saved(theirs, tmp_path))
     assert type(model) is transformers.DebertaV2Model
@@ -640,3 +642,198 @@ def test_the_arithmetic_field_stays_out_of_transformers_files(tmp_path):
         assert max_diff(reloaded(**inputs).last_hidden_state, model(**inputs).last_hidden_state) <= TOL
     posformers.DebertaConfig().save_pretrained(tmp_path / "own")
     assert json.loads((tmp_path / "own" / "config.json").read_text())["clip_relative_positions"] is True
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# optimize keeps hooks
+# ---------------------------------------------------------------------------------------------------------------------
+
+ATTENTION, LAYER = "deberta.encoder.layer.1.attention", "deberta.encoder.layer.0"
+
+
+def register_every_hook(model, calls: list) -> dict:
+    """One hook of every kind torch has, each recording (kind, the module it was called with, what it was given),
+    on the model itself (forward, forward pre, both with kwargs, always_call), on an attention module transformers'
+    model and posformers' both have at the same path (forward, forward pre, state_dict pre / post, load_state_dict pre
+    / post) and on a layer (full backward, backward pre). The handles, by kind."""
+    attention, layer = model.get_submodule(ATTENTION), model.get_submodule(LAYER)
+
+    def record(kind):
+        return lambda module, *rest: calls.append((kind, module, rest))
+
+    return {
+        "forward": model.register_forward_hook(record("forward")),
+        "forward kwargs": model.register_forward_hook(record("forward kwargs"), with_kwargs=True),
+        "forward always": model.register_forward_hook(record("forward always"), always_call=True),
+        "forward pre": model.register_forward_pre_hook(record("forward pre")),
+        "forward pre kwargs": model.register_forward_pre_hook(record("forward pre kwargs"), with_kwargs=True),
+        "attention forward": attention.register_forward_hook(record("attention forward")),
+        "attention forward pre": attention.register_forward_pre_hook(record("attention forward pre")),
+        "state_dict pre": attention.register_state_dict_pre_hook(record("state_dict pre")),
+        "state_dict": attention.register_state_dict_post_hook(record("state_dict")),
+        "load_state_dict pre": attention.register_load_state_dict_pre_hook(record("load_state_dict pre")),
+        "load_state_dict post": attention.register_load_state_dict_post_hook(record("load_state_dict post")),
+        "backward": layer.register_full_backward_hook(record("backward")),
+        "backward pre": layer.register_full_backward_pre_hook(record("backward pre")),
+    }
+
+
+def test_optimize_keeps_every_kind_of_hook_where_the_model_keeps_the_module():
+    """Hooks of every kind, on the model and on modules posformers' model replaces by its own at the same path, fire
+    after optimize as before it: on the converted modules, with the inputs and outputs the model computes, and their
+    handles still remove them."""
+    model = reference("v3", "ForSequenceClassification")
+    inputs, _ = batch("ForSequenceClassification")
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    calls = []
+    handles = register_every_hook(model, calls)
+    posformers.optimize(model)
+    assert type(model).__module__ == "posformers.dropin" and dropin.runs_on_posformers(model)
+    attention, layer = model.get_submodule(ATTENTION), model.get_submodule(LAYER)
+
+    output = model(**inputs)
+    fired = {kind: (module, rest) for kind, module, rest in calls}
+    assert list(fired) == [
+        "forward pre", "forward pre kwargs", "attention forward pre", "attention forward", "forward",
+        "forward kwargs", "forward always",
+    ]  # fmt: skip
+    assert all(fired[kind][0] is model for kind in fired if not kind.startswith("attention"))
+    assert fired["attention forward"][0] is attention and fired["attention forward pre"][0] is attention
+    args, kwargs = fired["forward pre kwargs"][1]
+    assert args == () and torch.equal(kwargs["input_ids"], inputs["input_ids"])
+    args, kwargs, hooked_output = fired["forward kwargs"][1]
+    assert hooked_output is output and torch.equal(kwargs["attention_mask"], inputs["attention_mask"])
+    assert max_diff(fired["forward"][1][1].logits, expected) <= TOL
+
+    calls.clear()
+    output.loss.backward()
+    assert [kind for kind, *_ in calls] == ["backward pre", "backward"]
+    assert all(module is layer for _, module, _ in calls)
+    grad_output = calls[1][2][1]
+    assert grad_output[0].shape == calls[0][2][0][0].shape and grad_output[0].abs().sum() > 0
+
+    calls.clear()
+    state = model.state_dict()
+    model.load_state_dict(state)
+    assert [kind for kind, *_ in calls] == [
+        "state_dict pre",
+        "state_dict",
+        "load_state_dict pre",
+        "load_state_dict post",
+    ]
+    assert all(module is attention for _, module, _ in calls)
+    assert calls[0][2][0] == f"{ATTENTION}." and calls[2][2][1] == f"{ATTENTION}."  # the prefix
+
+    for handle in handles.values():
+        handle.remove()
+    calls.clear()
+    model(**inputs).loss.backward()
+    model.load_state_dict(model.state_dict())
+    assert calls == []
+
+
+def test_optimize_refuses_a_hook_it_cannot_keep_and_leaves_the_model_as_it_was():
+    """transformers' attention has a dropout module of its own that posformers' has not: a hook there is refused in
+    one line naming the module and the kind of hook, before anything changes."""
+    model = Wrapper(reference("v3", "Model"))
+    calls = []
+    model.register_forward_hook(lambda module, args, output: calls.append("kept"))
+    model.encoder.encoder.layer[0].attention.self.dropout.register_forward_pre_hook(lambda *args: None)
+    modules = dict(model.named_modules())
+    with pytest.raises(ValueError) as refused:
+        posformers.optimize(model)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "posformers.optimize: the module 'encoder.encoder.layer.0.attention.self.dropout' (StableDropout) has a "
+        "forward pre hook"
+    ) or message.startswith(
+        "posformers.optimize: the module 'encoder.encoder.layer.0.attention.self.dropout' (Dropout) has a forward pre"
+    ), message
+    assert type(model.encoder) is transformers.DebertaV2Model and dict(model.named_modules()) == modules
+    inputs, _ = batch("Model", labels=False)
+    model(**inputs)
+    assert calls == ["kept"]
+
+
+def test_optimize_keeps_hooks_on_a_masked_lm_encoder():
+    """DeBERTa's masked-LM: transformers' head stays, its encoder is converted; a hook on an encoder layer moves to
+    posformers' layer."""
+    model = reference("v3", "ForMaskedLM")
+    calls = []
+    model.deberta.encoder.layer[1].register_forward_hook(lambda module, args, output: calls.append(module))
+    posformers.optimize(model)
+    assert type(model) is transformers.DebertaV2ForMaskedLM and dropin.runs_on_posformers(model)
+    inputs, _ = batch("ForMaskedLM")
+    model(**inputs)
+    assert calls == [model.deberta.encoder.layer[1]] and type(model.deberta).__module__ == "posformers.dropin"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# optimize follows the modules a model holds
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["v1", "v3", "roformer"])
+def test_optimize_builds_the_layers_the_model_holds_and_keeps_its_config(family):
+    """A client that keeps the first k layers (BERTScore: `model.encoder.layer = ModuleList(layer[:k])`) leaves the
+    config saying 12: optimize runs the k layers, as the cut transformers model does, and the config stays."""
+    model = reference(family, "Model", num_hidden_layers=4)
+    model.encoder.layer = nn.ModuleList(list(model.encoder.layer[:3]))
+    inputs, mask = batch("Model", labels=False)
+    with torch.no_grad():
+        expected = model(**inputs, output_hidden_states=True, output_attentions=True)
+    posformers.optimize(model)
+    assert type(model).__module__ == "posformers.dropin" and len(model.encoder.layer) == 3
+    assert model.config.num_hidden_layers == 4
+    with torch.no_grad():
+        actual = model(**inputs, output_hidden_states=True, output_attentions=True)
+    assert len(actual.hidden_states) == len(expected.hidden_states) == 4
+    assert_same_outputs(expected, actual, mask)
+
+
+def test_optimize_refuses_a_module_of_another_shape_in_one_line_and_leaves_the_model():
+    """A change posformers' model cannot follow from the config (a wider feed-forward here, pruned heads elsewhere)."""
+    model = reference("roformer", "Model")
+    model.encoder.layer[0].intermediate.dense = nn.Linear(32, 41)
+    with pytest.raises(
+        ValueError,
+        match=r"^posformers.optimize: RoFormerModel's encoder.layer.0.intermediate.dense.weight"
+        r" has shape \(41, 32\), its config gives \(37, 32\)$",
+    ):
+        posformers.optimize(model)
+    assert type(model) is transformers.RoFormerModel
+
+
+def test_runs_on_posformers_is_right_for_every_model(tmp_path):
+    theirs = reference("v3", "ForMaskedLM")
+    assert not dropin.runs_on_posformers(theirs)
+    with posformers.enabled():
+        ours = AutoModelForMaskedLM.from_pretrained(saved(theirs, tmp_path))
+    assert type(ours).__module__ != "posformers.dropin" and dropin.runs_on_posformers(ours)
+    assert dropin.runs_on_posformers(posformers.optimize(Wrapper(reference("roformer", "Model"))))
+    assert not dropin.runs_on_posformers(Wrapper(reference("roformer", "Model")))
+    assert dropin.runs_on_posformers(posformers.DebertaModel(posformers.DebertaConfig(**TINY)))
+    assert not dropin.runs_on_posformers(reference("v3", "ForQuestionAnswering"))
+
+
+def test_a_class_built_by_name_while_enabled_gets_one_warning_line_and_disable_stops_them(caplog):
+    """Built by name (`RoFormerModel(config)`), a model stays transformers': while enabled one line per class says so
+    and names optimize; built through the Auto classes, nothing is said; after disable(), nothing either."""
+    config = transformers.RoFormerConfig(**TINY)
+    with caplog.at_level(logging.WARNING, logger="posformers.dropin"):
+        with posformers.enabled():
+            first, second = transformers.RoFormerModel(config), transformers.RoFormerModel(config)
+            head = transformers.RoFormerForSequenceClassification(config)  # its own line, not its encoder's again
+            auto = AutoModel.from_config(config)
+            kept = transformers.AutoModelForQuestionAnswering.from_config(config)
+        transformers.DebertaV2Model(transformers.DebertaV2Config(**TINY))
+    warnings = [record.getMessage() for record in caplog.records if record.name == "posformers.dropin"]
+    assert warnings == [
+        dropin.BUILT_BY_NAME_WARNING.format(name="RoFormerModel"),
+        dropin.BUILT_BY_NAME_WARNING.format(name="RoFormerForSequenceClassification"),
+        f"posformers: RoFormerForQuestionAnswering stays transformers' class: {dropin.QA_REASON}",
+    ]
+    assert not any(dropin.runs_on_posformers(model) for model in (first, second, head, kept))
+    assert dropin.runs_on_posformers(auto)
